@@ -1,0 +1,113 @@
+// Helpers shared by the CPU op kernels: dtype formats, argument checks and thread sharding.
+#ifndef TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
+#define TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+
+#include "ops/cc/lib/magnitude.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/lib/core/errors.h"
+
+namespace tfcomp {
+
+template <typename T>
+struct FormatOf;
+template <>
+struct FormatOf<float> {
+  using type = Float32Format;
+};
+template <>
+struct FormatOf<Eigen::half> {
+  using type = Float16Format;
+};
+template <>
+struct FormatOf<Eigen::bfloat16> {
+  using type = BFloat16Format;
+};
+
+template <typename T>
+using BitsOf = typename FormatOf<T>::type::Bits;
+
+template <typename T>
+const BitsOf<T>* AsBits(const T* data) {
+  static_assert(sizeof(T) == sizeof(BitsOf<T>), "dtype and bits differ in size");
+  return reinterpret_cast<const BitsOf<T>*>(data);
+}
+
+// The smallest magnitude key whose value is >= threshold (a finite float32): |g| >= threshold
+// exactly when the key of g is >= this key, also for float16/bfloat16 gradients, where the
+// threshold generally falls between two representable values.
+template <typename T>
+BitsOf<T> ThresholdKey(float threshold) {
+  using Format = typename FormatOf<T>::type;
+  if (!(threshold > 0.0f)) return 0;
+  const T rounded = static_cast<T>(threshold);
+  BitsOf<T> bits;
+  std::memcpy(&bits, &rounded, sizeof(bits));
+  bits &= Format::kAbsMask;
+  if (bits < Format::kInfKey && static_cast<float>(rounded) < threshold) ++bits;
+  return bits;
+}
+
+// The float32 value of a magnitude key.
+template <typename T>
+float KeyToFloat(BitsOf<T> key) {
+  T value;
+  std::memcpy(&value, &key, sizeof(value));
+  return static_cast<float>(value);
+}
+
+// Fails unless `tensor` is a scalar; `name` is the op argument it came from.
+inline ::tensorflow::Status CheckScalar(const ::tensorflow::Tensor& tensor, const char* name) {
+  if (!::tensorflow::TensorShapeUtils::IsScalar(tensor.shape())) {
+    return ::tensorflow::errors::InvalidArgument(name, " must be a scalar, got shape ",
+                                                 tensor.shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// Reads a finite float32 scalar threshold.
+inline ::tensorflow::Status ReadThreshold(const ::tensorflow::Tensor& tensor, float* threshold) {
+  TF_RETURN_IF_ERROR(CheckScalar(tensor, "threshold"));
+  *threshold = tensor.scalar<float>()();
+  if (!std::isfinite(*threshold)) {
+    return ::tensorflow::errors::InvalidArgument("threshold must be finite, got ", *threshold);
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// Indices are int32: a gradient may hold at most 2^31 - 1 elements.
+inline ::tensorflow::Status CheckIndexable(const ::tensorflow::Tensor& grad) {
+  if (grad.NumElements() > std::numeric_limits<int32_t>::max()) {
+    return ::tensorflow::errors::InvalidArgument(
+        "grad has ", grad.NumElements(), " elements (shape ", grad.shape().DebugString(),
+        "); at most 2^31 - 1 are supported because indices are int32");
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// Runs work(first_block, end_block) over ceil(total / block_size) blocks of block_size elements
+// on the CPU device's intra-op threads. Block boundaries depend only on total and block_size.
+inline void ParallelForBlocks(::tensorflow::OpKernelContext* context, int64_t total, int64_t block_size,
+                              int64_t cost_per_element,
+                              const std::function<void(int64_t, int64_t)>& work) {
+  const int64_t num_blocks = (total + block_size - 1) / block_size;
+  if (num_blocks == 0) return;
+  auto* pool = context->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(num_blocks, block_size * cost_per_element, work);
+}
+
+// The number of threads ParallelForBlocks can use.
+inline int NumCpuThreads(::tensorflow::OpKernelContext* context) {
+  return context->device()->tensorflow_cpu_worker_threads()->num_threads;
+}
+
+}  // namespace tfcomp
+
+#endif  // TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_

@@ -1,0 +1,72 @@
+// CPU kernel of Tfcomp>EstimateThreshold.
+#include <cmath>
+#include <vector>
+
+#include "ops/cc/kernels/kernel_util.h"
+#include "ops/cc/lib/sparsify.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tfcomp {
+namespace {
+
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+namespace errors = ::tensorflow::errors;
+
+template <typename T>
+class EstimateThresholdOp : public OpKernel {
+ public:
+  explicit EstimateThresholdOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("num_samples", &num_samples_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    using Format = typename FormatOf<T>::type;
+    const Tensor& grad = context->input(0);
+    const Tensor& ratio_tensor = context->input(1);
+    const Tensor& seed_tensor = context->input(2);
+    OP_REQUIRES_OK(context, CheckScalar(ratio_tensor, "ratio"));
+    OP_REQUIRES_OK(context, CheckScalar(seed_tensor, "seed"));
+    const float ratio = ratio_tensor.scalar<float>()();
+    OP_REQUIRES(context, ratio > 0.0f && ratio <= 1.0f,
+                errors::InvalidArgument("ratio must be in (0, 1], got ", ratio));
+    const int64_t size = grad.NumElements();
+    OP_REQUIRES(context, size > 0,
+                errors::InvalidArgument("grad must not be empty, got shape ", grad.shape().DebugString()));
+
+    const int64_t n = std::min<int64_t>(num_samples_, size);
+    const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(ratio) * n + 0.5)));
+    const uint64_t seed = static_cast<uint64_t>(seed_tensor.scalar<int64_t>()());
+    const BitsOf<T>* g = AsBits(grad.flat<T>().data());
+
+    std::vector<BitsOf<T>> keys(n);
+    ParallelForBlocks(context, n, /*block_size=*/4096, /*cost_per_element=*/50, [&](int64_t first, int64_t last) {
+      for (int64_t i = first * 4096; i < std::min(n, last * 4096); ++i) {
+        const int64_t position = n == size ? i : SamplePosition(i, n, size, seed);
+        keys[i] = MagnitudeKey<Format>(g[position]);
+      }
+    });
+    const BitsOf<T> key = KthLargestFiniteKey<Format>(keys.data(), n, k);
+
+    Tensor* threshold = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, {}, &threshold));
+    threshold->scalar<float>()() = KeyToFloat<T>(key);
+  }
+
+ private:
+  int64_t num_samples_;
+};
+
+#define REGISTER(T)                                                                     \
+  REGISTER_KERNEL_BUILDER(                                                              \
+      Name("Tfcomp>EstimateThreshold").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      EstimateThresholdOp<T>)
+REGISTER(float);
+REGISTER(Eigen::half);
+REGISTER(Eigen::bfloat16);
+#undef REGISTER
+
+}  // namespace
+}  // namespace tfcomp

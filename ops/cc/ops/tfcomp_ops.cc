@@ -1,0 +1,152 @@
+// Op definitions: names, attributes, shape functions and documentation of the tfcomp ops.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tfcomp {
+namespace {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+// Checks that the named inputs are scalars.
+Status RequireScalars(InferenceContext* c, std::initializer_list<int> inputs) {
+  ShapeHandle unused;
+  for (int input : inputs) TF_RETURN_IF_ERROR(c->WithRank(c->input(input), 0, &unused));
+  return ::tensorflow::OkStatus();
+}
+
+// Sets outputs 0 and 1 to vectors of length given by an integer attribute.
+Status PairOfVectors(InferenceContext* c, const char* length_attr) {
+  int64_t length;
+  TF_RETURN_IF_ERROR(c->GetAttr(length_attr, &length));
+  c->set_output(0, c->Vector(length));
+  c->set_output(1, c->Vector(length));
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("Tfcomp>EstimateThreshold")
+    .Input("grad: T")
+    .Input("ratio: float")
+    .Input("seed: int64")
+    .Output("threshold: float")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("num_samples: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RequireScalars(c, {1, 2}));
+      c->set_output(0, c->Scalar());
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Estimates the magnitude threshold that keeps a fraction `ratio` of `grad`.
+
+Draws min(num_samples, size) elements by stratified random sampling (one uniform position per
+equal stratum, positions from `seed`; every element when num_samples >= size) and returns the
+k-th largest |g| among the finite samples, k = max(1, round(ratio * number of samples)).
+Non-finite samples are left out (the compressors always select NaN and Inf).
+
+grad: gradient of any non-empty shape.
+ratio: float32 scalar in (0, 1].
+seed: int64 scalar; the same seed gives the same sample.
+threshold: float32 scalar.
+)doc");
+
+REGISTER_OP("Tfcomp>DragonnCompress")
+    .Input("grad: T")
+    .Input("threshold: float")
+    .Input("seed: int64")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("num_slots: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RequireScalars(c, {1, 2}));
+      return PairOfVectors(c, "num_slots");
+    })
+    .Doc(R"doc(
+DRAGONN hashing sparsification (004 Algorithm 1).
+
+Every element with |g| >= threshold (NaN and Inf always) writes its flat index into slot h(index)
+of num_slots slots, h drawn from a universal hash family by `seed`. On a collision the element of
+larger magnitude keeps the slot (NaN above Inf above finite; equal magnitudes: the larger index),
+so the output depends only on the inputs. Empty slots hold index -1 and value 0.
+
+grad: gradient of any shape, at most 2^31 - 1 elements.
+threshold: float32 finite scalar.
+seed: int64 scalar selecting the hash function.
+values: [num_slots], grad's dtype: grad[indices], 0 where the index is -1.
+indices: [num_slots] int32 flat indices into grad, or -1.
+)doc");
+
+REGISTER_OP("Tfcomp>DgcCompress")
+    .Input("grad: T")
+    .Input("threshold: float")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("max_out: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RequireScalars(c, {1}));
+      return PairOfVectors(c, "max_out");
+    })
+    .Doc(R"doc(
+DGC threshold sparsification (004 Algorithm 3): the elements with |g| >= threshold (NaN and Inf
+always) in increasing index order, the first max_out of them, padded with index -1 and value 0.
+
+grad: gradient of any shape, at most 2^31 - 1 elements.
+threshold: float32 finite scalar.
+values: [max_out], grad's dtype.
+indices: [max_out] int32 flat indices into grad, or -1.
+)doc");
+
+REGISTER_OP("Tfcomp>TopkCompress")
+    .Input("grad: T")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("k: int >= 1")
+    .SetShapeFn([](InferenceContext* c) { return PairOfVectors(c, "k"); })
+    .Doc(R"doc(
+Exact top-k sparsification: the k elements of largest |g|, returned in increasing index order.
+NaN ranks above Inf above finite values; among equal magnitudes the larger index ranks first.
+
+grad: gradient of any shape with at least k and at most 2^31 - 1 elements.
+values: [k], grad's dtype.
+indices: [k] int32 flat indices into grad.
+)doc");
+
+REGISTER_OP("Tfcomp>SparseBatchedDecode")
+    .Input("values: T")
+    .Input("indices: int32")
+    .Output("dense: T")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("size: int >= 0")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle values, indices;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &values));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &indices));
+      TF_RETURN_IF_ERROR(c->Merge(values, indices, &values));
+      int64_t size;
+      TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
+      c->set_output(0, c->Vector(size));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Sparse batched decoding (004 Sec. 4.3): the dense sum of all (value, index) pairs, for example the
+concatenated payloads of K workers, in one pass. Index -1 is skipped; duplicate indices add up.
+An index < -1 or >= size is an InvalidArgument error and nothing is written.
+
+values: [n], float32, float16 or bfloat16.
+indices: [n] int32.
+dense: [size], values' dtype.
+)doc");
+
+}  // namespace tfcomp
+
+// What this library was built against, read from the file by tfcomp/ops.py before loading it, so
+// that a library built for another TensorFlow fails with an explanation instead of a symbol error.
+extern "C" __attribute__((used, visibility("default"))) const char tfcomp_build_info[] =
+    "TFCOMP_BUILD_INFO{tf=" TFCOMP_TF_VERSION "}";
