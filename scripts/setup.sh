@@ -3,7 +3,8 @@
 #   1. Debian's bazel-bootstrap (Bazel 4, works offline with the stand-ins in build_deps/),
 #   2. a virtual environment .venv with the pinned Python stack (see requirements.txt),
 #   3. Horovod 0.28.1 built from source with Gloo against that TensorFlow,
-#   4. the op library _tfcomp_ops.so built by Bazel with no network access.
+#   4. the op library _tfcomp_ops.so built by Bazel with no network access, and the checkout put on
+#      the venv's sys.path (a .pth file), so `import tfcomp` works from any directory.
 # Running it again is fast: every step checks whether its result is already there and skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +55,10 @@ if ! "$VPY" -c "import horovod.tensorflow as h; assert h.gloo_built()" >/dev/nul
 else
   log "horovod with Gloo present"
 fi
+
+# The checkout is importable from the venv (like an editable install, without a pip build).
+site_packages=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "$ROOT" > "$site_packages/tfcomp-checkout.pth"
 
 # 4. The op library (Bazel caches the build; a no-op rebuild takes about a second).
 log "building the op library"

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -48,9 +47,7 @@ BitsOf<T> ThresholdKey(float threshold) {
   using Format = typename FormatOf<T>::type;
   if (!(threshold > 0.0f)) return 0;
   const T rounded = static_cast<T>(threshold);
-  BitsOf<T> bits;
-  std::memcpy(&bits, &rounded, sizeof(bits));
-  bits &= Format::kAbsMask;
+  BitsOf<T> bits = Eigen::numext::bit_cast<BitsOf<T>>(rounded) & Format::kAbsMask;
   if (bits < Format::kInfKey && static_cast<float>(rounded) < threshold) ++bits;
   return bits;
 }
@@ -58,9 +55,7 @@ BitsOf<T> ThresholdKey(float threshold) {
 // The float32 value of a magnitude key.
 template <typename T>
 float KeyToFloat(BitsOf<T> key) {
-  T value;
-  std::memcpy(&value, &key, sizeof(value));
-  return static_cast<float>(value);
+  return static_cast<float>(Eigen::numext::bit_cast<T>(key));
 }
 
 // Fails unless `tensor` is a scalar; `name` is the op argument it came from.

@@ -10,10 +10,13 @@ using ::tensorflow::Status;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-// Checks that the named inputs are scalars.
-Status RequireScalars(InferenceContext* c, std::initializer_list<int> inputs) {
+// Checks that input `index`, the op argument `name`, has rank `rank` (when its rank is known).
+Status RequireRank(InferenceContext* c, int index, const char* name, int rank) {
   ShapeHandle unused;
-  for (int input : inputs) TF_RETURN_IF_ERROR(c->WithRank(c->input(input), 0, &unused));
+  if (!c->WithRank(c->input(index), rank, &unused).ok()) {
+    return ::tensorflow::errors::InvalidArgument(name, rank == 0 ? " must be a scalar" : " must be a vector",
+                                                 ", got shape ", c->DebugString(c->input(index)));
+  }
   return ::tensorflow::OkStatus();
 }
 
@@ -36,7 +39,8 @@ REGISTER_OP("Tfcomp>EstimateThreshold")
     .Attr("T: {float, half, bfloat16}")
     .Attr("num_samples: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(RequireScalars(c, {1, 2}));
+      TF_RETURN_IF_ERROR(RequireRank(c, 1, "ratio", 0));
+      TF_RETURN_IF_ERROR(RequireRank(c, 2, "seed", 0));
       c->set_output(0, c->Scalar());
       return ::tensorflow::OkStatus();
     })
@@ -63,7 +67,8 @@ REGISTER_OP("Tfcomp>DragonnCompress")
     .Attr("T: {float, half, bfloat16}")
     .Attr("num_slots: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(RequireScalars(c, {1, 2}));
+      TF_RETURN_IF_ERROR(RequireRank(c, 1, "threshold", 0));
+      TF_RETURN_IF_ERROR(RequireRank(c, 2, "seed", 0));
       return PairOfVectors(c, "num_slots");
     })
     .Doc(R"doc(
@@ -89,7 +94,7 @@ REGISTER_OP("Tfcomp>DgcCompress")
     .Attr("T: {float, half, bfloat16}")
     .Attr("max_out: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(RequireScalars(c, {1}));
+      TF_RETURN_IF_ERROR(RequireRank(c, 1, "threshold", 0));
       return PairOfVectors(c, "max_out");
     })
     .Doc(R"doc(
@@ -125,10 +130,14 @@ REGISTER_OP("Tfcomp>SparseBatchedDecode")
     .Attr("T: {float, half, bfloat16}")
     .Attr("size: int >= 0")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle values, indices;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &values));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &indices));
-      TF_RETURN_IF_ERROR(c->Merge(values, indices, &values));
+      TF_RETURN_IF_ERROR(RequireRank(c, 0, "values", 1));
+      TF_RETURN_IF_ERROR(RequireRank(c, 1, "indices", 1));
+      ShapeHandle unused;
+      if (!c->Merge(c->input(0), c->input(1), &unused).ok()) {
+        return ::tensorflow::errors::InvalidArgument("values and indices must have the same length, got values of shape ",
+                                                     c->DebugString(c->input(0)), " and indices of shape ",
+                                                     c->DebugString(c->input(1)));
+      }
       int64_t size;
       TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
       c->set_output(0, c->Vector(size));

@@ -1,0 +1,61 @@
+"""dgc_compress against the NumPy reference and its argument checks."""
+
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import numpy_reference as ref
+from tests.helpers import SHAPES, assert_same_bits, quantile_threshold, random_gradient
+from tfcomp import ops
+
+
+@pytest.mark.parametrize("dtype", ref.DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_reference(rng, shape, dtype):
+    g = random_gradient(rng, shape, dtype)
+    threshold = quantile_threshold(g, fraction=rng.uniform(0.001, 0.3))
+    selected = int(ref.selected(g, threshold).sum())
+    for max_out in {1, max(1, selected // 3), selected, selected + 17}:  # truncated, exact, padded
+        values, indices = ops.dgc_compress(g, threshold, max_out)
+        expected_values, expected_indices = ref.dgc_compress(g, threshold, max_out)
+        np.testing.assert_array_equal(indices.numpy(), expected_indices)
+        assert_same_bits(values.numpy(), expected_values)
+
+
+def test_zero_threshold_takes_the_first_elements_including_index_zero(rng):
+    g = random_gradient(rng, (1000,), np.float32)
+    values, indices = ops.dgc_compress(g, 0.0, 10)
+    np.testing.assert_array_equal(indices.numpy(), np.arange(10))
+    np.testing.assert_array_equal(values.numpy(), g[:10])
+
+
+@pytest.mark.parametrize("dtype", ref.DTYPES, ids=lambda d: np.dtype(d).name)
+def test_nan_and_inf_are_always_selected(rng, dtype):
+    g = random_gradient(rng, (300_000,), dtype)
+    special = np.sort(rng.choice(g.size, 3, replace=False))
+    g[special] = np.array([np.nan, np.inf, -np.inf], dtype=dtype)
+    values, indices = ops.dgc_compress(g, 1e30, 5)
+    assert indices.numpy().tolist() == special.tolist() + [-1, -1]
+    assert_same_bits(values.numpy()[:3], g[special])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_out=0), r"max_out.* 0 must be at least minimum 1"),
+        (dict(threshold=float("nan")), r"threshold must be finite, got nan"),
+        (dict(threshold=float("-inf")), r"threshold must be finite, got -inf"),
+        (dict(threshold=[0.1]), r"threshold must be a scalar, got shape \[1\]"),
+    ],
+)
+def test_bad_arguments(rng, kwargs, message):
+    args = dict(grad=random_gradient(rng, (100,), np.float32), threshold=0.1, max_out=10)
+    args.update(kwargs)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        ops.dgc_compress(**args)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

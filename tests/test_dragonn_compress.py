@@ -1,0 +1,157 @@
+"""dragonn_compress against the NumPy reference, its collision rule, coverage statistics and checks."""
+
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import numpy_reference as ref
+from tests.helpers import SHAPES, assert_same_bits, quantile_threshold, random_gradient
+from tfcomp import ops
+
+
+def compress(g, threshold, num_slots, seed):
+    values, indices = ops.dragonn_compress(g, threshold, num_slots, seed)
+    return values.numpy(), indices.numpy()
+
+
+@pytest.mark.parametrize("dtype", ref.DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_reference(rng, shape, dtype):
+    g = random_gradient(rng, shape, dtype)
+    threshold = quantile_threshold(g, fraction=rng.uniform(0.001, 0.2))
+    selected = int(ref.selected(g, threshold).sum())
+    for num_slots in {1, max(1, selected // 2), selected + 1, 2 * selected + 5}:  # collisions and room
+        seed = int(rng.integers(-(2**63), 2**63 - 1))
+        values, indices = compress(g, threshold, num_slots, seed)
+        expected_values, expected_indices = ref.dragonn_compress(g, threshold, num_slots, seed)
+        np.testing.assert_array_equal(indices, expected_indices)
+        assert_same_bits(values, expected_values)
+
+
+@pytest.mark.parametrize("dtype", ref.DTYPES, ids=lambda d: np.dtype(d).name)
+def test_outputs_are_selected_unique_elements(rng, dtype):
+    g = random_gradient(rng, (300_001,), dtype)
+    threshold = quantile_threshold(g, 0.01)
+    values, indices = compress(g, threshold, 3000, int(rng.integers(1 << 40)))
+    kept = indices[indices >= 0]
+    assert kept.size == np.unique(kept).size
+    assert np.all(ref.selected(g[kept], threshold))
+    assert_same_bits(values[indices >= 0], g[kept])
+    assert np.all(values[indices < 0] == 0)
+
+
+def test_collision_keeps_the_largest_magnitude(rng):
+    g = (rng.uniform(1.0, 2.0, 500) * rng.choice([-1, 1], 500)).astype(np.float32)
+    g[123] = -5.0
+    values, indices = compress(g, 1.0, 1, int(rng.integers(1 << 40)))
+    assert indices.tolist() == [123] and values.tolist() == [-5.0]
+
+
+def test_equal_magnitudes_keep_the_largest_index(rng):
+    g = np.where(rng.random(1000) < 0.5, 1.0, -1.0).astype(np.float32)
+    _, indices = compress(g, 0.5, 1, 3)
+    assert indices.tolist() == [999]
+
+
+def test_index_zero_can_be_selected(rng):
+    g = rng.standard_normal(5000).astype(np.float32)
+    g[0] = 100.0
+    values, indices = compress(g, 50.0, 8, int(rng.integers(1 << 40)))
+    assert 0 in indices.tolist() and values[indices.tolist().index(0)] == 100.0
+    assert np.count_nonzero(indices >= 0) == 1
+
+
+@pytest.mark.parametrize("dtype", ref.DTYPES, ids=lambda d: np.dtype(d).name)
+def test_nan_and_inf_are_always_selected(rng, dtype):
+    g = random_gradient(rng, (10_000,), dtype)
+    special = rng.choice(g.size, 6, replace=False)
+    g[special] = np.array([np.nan, np.inf, -np.inf, np.nan, np.inf, -np.inf], dtype=dtype)
+    values, indices = compress(g, 1e30, 4096, int(rng.integers(1 << 40)))
+    kept = indices[indices >= 0]
+    # Nothing finite reaches 1e30; the six specials all land (a collision among them is possible
+    # but then the slot keeps another special).
+    assert set(kept.tolist()) <= set(special.tolist()) and kept.size >= 1
+    assert not np.any(np.isfinite(values[indices >= 0].astype(np.float32)))
+    # In one slot, NaN beats Inf and every finite value.
+    _, one = compress(g, 0.0, 1, 1)
+    assert np.isnan(g[one[0]])
+
+
+def test_same_seed_same_output_and_seeds_change_collisions(rng):
+    g = random_gradient(rng, (200_000,), np.float32)
+    threshold = quantile_threshold(g, 0.01)
+    first = compress(g, threshold, 1000, 42)
+    for _ in range(3):
+        again = compress(g, threshold, 1000, 42)
+        np.testing.assert_array_equal(again[1], first[1])
+        assert_same_bits(again[0], first[0])
+    patterns = {tuple(compress(g, threshold, 1000, seed)[1]) for seed in range(5)}
+    assert len(patterns) == 5
+
+
+def test_enough_slots_and_zero_threshold_send_everything_in_one_slot_each(rng):
+    g = random_gradient(rng, (64,), np.float32)
+    # With m >> n^2 slots a collision is very unlikely; find a seed without one and check all arrive.
+    for seed in range(20):
+        values, indices = compress(g, 0.0, 1 << 20, seed)
+        kept = indices[indices >= 0]
+        if kept.size == g.size:
+            np.testing.assert_array_equal(np.sort(kept), np.arange(g.size))
+            np.testing.assert_array_equal(values[indices >= 0], g[kept])
+            return
+    pytest.fail("every seed collided")
+
+
+def test_empty_gradient_gives_empty_slots():
+    values, indices = compress(np.zeros((0,), np.float32), 0.1, 4, 1)
+    assert indices.tolist() == [-1] * 4 and values.tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize("num_slots, num_selected", [(1024, 1024), (512, 1024), (2048, 512)])
+def test_empty_slot_fraction_matches_lemma_a10(rng, num_slots, num_selected):
+    # 004 Lemma A.10: n selected elements hashed into m slots leave a fraction (1 - 1/m)^n empty.
+    size = 4 * num_selected
+    g = rng.uniform(-0.5, 0.5, size).astype(np.float32)
+    g[rng.choice(size, num_selected, replace=False)] = 10.0
+    empty = [np.mean(compress(g, 1.0, num_slots, seed)[1] == -1) for seed in range(300)]
+    expected = (1 - 1 / num_slots) ** num_selected
+    assert abs(np.mean(empty) - expected) < 0.02, (np.mean(empty), expected)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_slots=0), r"num_slots.* 0 must be at least minimum 1"),
+        (dict(threshold=float("nan")), r"threshold must be finite, got nan"),
+        (dict(threshold=float("inf")), r"threshold must be finite, got inf"),
+        (dict(threshold=[0.1, 0.2]), r"threshold must be a scalar, got shape \[2\]"),
+        (dict(seed=[[1]]), r"seed must be a scalar, got shape \[1,1\]"),
+    ],
+)
+def test_bad_arguments(rng, kwargs, message):
+    args = dict(grad=random_gradient(rng, (100,), np.float32), threshold=0.1, num_slots=10, seed=1)
+    args.update(kwargs)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        ops.dragonn_compress(**args)
+
+
+def test_graph_mode_names_the_bad_argument():
+    with pytest.raises(ValueError, match=r"threshold must be a scalar, got shape \[3\]"):
+        tf.function(lambda g: ops.dragonn_compress(g, tf.ones([3]), 4, 1))(tf.ones([4]))
+
+
+def test_runs_inside_tf_function_with_a_seed_tensor(rng):
+    g = random_gradient(rng, (5000,), np.float32)
+    threshold = quantile_threshold(g, 0.01)
+    graph_fn = tf.function(lambda g, seed: ops.dragonn_compress(g, threshold, 64, seed))
+    for seed in (3, 4):
+        values, indices = graph_fn(g, tf.constant(seed, tf.int64))
+        expected_values, expected_indices = ref.dragonn_compress(g, threshold, 64, seed)
+        np.testing.assert_array_equal(indices.numpy(), expected_indices)
+        np.testing.assert_array_equal(values.numpy(), expected_values)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
