@@ -1,4 +1,6 @@
 // CPU kernel of Tfcomp>SparseBatchedDecode (004 Sec. 4.3).
+#include <vector>
+
 #include "ops/cc/kernels/kernel_util.h"
 #include "ops/cc/lib/decode.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -34,24 +36,64 @@ class SparseBatchedDecodeOp : public OpKernel {
     const int64_t n = values.NumElements();
     const T* pair_values = values.flat<T>().data();
     const int32_t* pair_indices = indices.flat<int32_t>().data();
-    const int64_t bad = FirstInvalidIndex(pair_indices, n, size_);
-    OP_REQUIRES(context, bad < 0,
-                errors::InvalidArgument("indices[", bad, "] = ", bad < 0 ? 0 : pair_indices[bad],
-                                        " is out of range for size ", size_, " (valid: -1 to ", size_ - 1, ")"));
+    const int64_t num_chunks = NumDecodeChunks(size_);
 
+    // 1. Each range of pairs counts its pairs per output chunk, checking every index on the way.
+    const int64_t num_ranges = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(context), n / 4096));
+    auto range_begin = [&](int64_t r) { return r * n / num_ranges; };
+    Tensor counts_tensor;
+    OP_REQUIRES_OK(context, context->allocate_temp(::tensorflow::DT_INT64, {num_ranges, num_chunks + 1}, &counts_tensor));
+    int64_t* counts = counts_tensor.flat<int64_t>().data();  // row r: counts of range r, then its first bad pair
+    std::fill(counts, counts + counts_tensor.NumElements(), 0);
+    ParallelForBlocks(context, num_ranges, 1, n / num_ranges + 1, [&](int64_t first, int64_t last) {
+      for (int64_t r = first; r < last; ++r) {
+        int64_t* row = counts + r * (num_chunks + 1);
+        row[num_chunks] = CountPairsPerChunk(pair_indices, range_begin(r), range_begin(r + 1), size_, row);
+      }
+    });
+    for (int64_t r = 0; r < num_ranges; ++r) {
+      const int64_t bad = counts[r * (num_chunks + 1) + num_chunks];
+      OP_REQUIRES(context, bad < 0,
+                  errors::InvalidArgument("indices[", bad, "] = ", bad < 0 ? 0 : pair_indices[bad],
+                                          " is out of range for size ", size_, " (valid: -1 to ", size_ - 1, ")"));
+    }
+
+    // 2. Exclusive prefix sum in (chunk, range) order turns counts into cursors, so that the sort is
+    //    stable: within a chunk, pairs keep their order. chunk_start[c] is where chunk c begins.
+    std::vector<int64_t> chunk_start(num_chunks + 1);
+    int64_t total = 0;
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      chunk_start[c] = total;
+      for (int64_t r = 0; r < num_ranges; ++r) {
+        int64_t& cell = counts[r * (num_chunks + 1) + c];
+        const int64_t count = cell;
+        cell = total;
+        total += count;
+      }
+    }
+    chunk_start[num_chunks] = total;
+
+    Tensor sorted_values_tensor, sorted_indices_tensor;
+    OP_REQUIRES_OK(context, context->allocate_temp(values.dtype(), {total}, &sorted_values_tensor));
+    OP_REQUIRES_OK(context, context->allocate_temp(::tensorflow::DT_INT32, {total}, &sorted_indices_tensor));
+    T* sorted_values = sorted_values_tensor.flat<T>().data();
+    int32_t* sorted_indices = sorted_indices_tensor.flat<int32_t>().data();
+    ParallelForBlocks(context, num_ranges, 1, n / num_ranges + 1, [&](int64_t first, int64_t last) {
+      for (int64_t r = first; r < last; ++r) {
+        SortPairsIntoChunks(pair_values, pair_indices, range_begin(r), range_begin(r + 1),
+                            counts + r * (num_chunks + 1), sorted_values, sorted_indices);
+      }
+    });
+
+    // 3. Each chunk of the output is zeroed and filled while it is in cache.
     Tensor* dense = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {size_}, &dense));
     T* out = dense->flat<T>().data();
-    // Each thread owns a contiguous range of the output: no races, and every element receives its
-    // additions in pair order, so the result is deterministic.
-    const int64_t owners = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(context), size_ / 4096));
-    ParallelForBlocks(context, owners, /*block_size=*/1, /*cost_per_element=*/size_ + n,
-                      [&](int64_t first, int64_t last) {
-                        for (int64_t owner = first; owner < last; ++owner) {
-                          ScatterAddOwnedRange(pair_values, pair_indices, n, owner * size_ / owners,
-                                               (owner + 1) * size_ / owners, out);
-                        }
-                      });
+    ParallelForBlocks(context, num_chunks, 1, int64_t{1} << kDecodeChunkLog2, [&](int64_t first, int64_t last) {
+      for (int64_t c = first; c < last; ++c) {
+        FillChunk(sorted_values, sorted_indices, chunk_start[c], chunk_start[c + 1], c, size_, out);
+      }
+    });
   }
 
  private:

@@ -34,16 +34,12 @@ class DgcCompressOp : public OpKernel {
     const BitsOf<T>* g = AsBits(grad_values);
     const BitsOf<T> threshold_key = ThresholdKey<T>(threshold);
 
-    // Each block collects its selected indices in order (at most max_out); blocks are then joined
-    // in order, which gives the first max_out selected indices of the whole tensor in one pass.
-    const int64_t num_blocks = (size + kCollectBlock - 1) / kCollectBlock;
-    std::vector<std::vector<int32_t>> selected(num_blocks);
-    ParallelForBlocks(context, size, kCollectBlock, /*cost_per_element=*/1, [&](int64_t first, int64_t last) {
-      for (int64_t b = first; b < last; ++b) {
-        DgcCollectRange<Format>(g, b * kCollectBlock, std::min(size, (b + 1) * kCollectBlock), threshold_key,
-                                max_out_, &selected[b]);
-      }
-    });
+    // Each shard of blocks collects its selected indices in order (at most max_out); the lists are
+    // then joined in order, which gives the first max_out selected indices of the tensor in one pass.
+    const std::vector<std::vector<int32_t>> selected = CollectInBlocks<int32_t>(
+        context, size, kCollectBlock, [&](int64_t begin, int64_t end, std::vector<int32_t>* indices) {
+          DgcCollectRange<Format>(g, begin, end, threshold_key, max_out_, indices);
+        });
 
     Tensor* values = nullptr;
     Tensor* indices = nullptr;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <vector>
 
 #include "ops/cc/lib/magnitude.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -96,6 +97,21 @@ inline void ParallelForBlocks(::tensorflow::OpKernelContext* context, int64_t to
   if (num_blocks == 0) return;
   auto* pool = context->device()->tensorflow_cpu_worker_threads()->workers;
   pool->ParallelFor(num_blocks, block_size * cost_per_element, work);
+}
+
+// Runs collect(begin, end, &list) over [0, total) in blocks of block_size elements on the intra-op
+// threads, each thread appending to the list of the shard of blocks it was given. Returns the lists
+// in block order (some empty): their concatenation is what one thread scanning in order would append.
+template <typename Item, typename Collect>
+std::vector<std::vector<Item>> CollectInBlocks(::tensorflow::OpKernelContext* context, int64_t total,
+                                               int64_t block_size, const Collect& collect) {
+  std::vector<std::vector<Item>> lists((total + block_size - 1) / block_size);
+  ParallelForBlocks(context, total, block_size, /*cost_per_element=*/1, [&](int64_t first, int64_t last) {
+    for (int64_t b = first; b < last; ++b) {
+      collect(b * block_size, std::min(total, (b + 1) * block_size), &lists[first]);
+    }
+  });
+  return lists;
 }
 
 // The number of threads ParallelForBlocks can use.

@@ -15,6 +15,9 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 namespace errors = ::tensorflow::errors;
 
+constexpr int64_t kSampleBlock = 1024;
+constexpr int64_t kPrefetchDistance = 32;
+
 template <typename T>
 class EstimateThresholdOp : public OpKernel {
  public:
@@ -41,11 +44,21 @@ class EstimateThresholdOp : public OpKernel {
     const uint64_t seed = static_cast<uint64_t>(seed_tensor.scalar<int64_t>()());
     const BitsOf<T>* g = AsBits(grad.flat<T>().data());
 
+    // Sample positions are computed a block ahead of the loads, and the loads prefetched, so that the
+    // cache and TLB misses of many samples overlap.
     std::vector<BitsOf<T>> keys(n);
-    ParallelForBlocks(context, n, /*block_size=*/4096, /*cost_per_element=*/50, [&](int64_t first, int64_t last) {
-      for (int64_t i = first * 4096; i < std::min(n, last * 4096); ++i) {
-        const int64_t position = n == size ? i : SamplePosition(i, n, size, seed);
-        keys[i] = MagnitudeKey<Format>(g[position]);
+    ParallelForBlocks(context, n, kSampleBlock, /*cost_per_element=*/50, [&](int64_t first, int64_t last) {
+      int64_t positions[kSampleBlock];
+      for (int64_t block = first; block < last; ++block) {
+        const int64_t begin = block * kSampleBlock;
+        const int64_t count = std::min(n, begin + kSampleBlock) - begin;
+        for (int64_t j = 0; j < count; ++j) {
+          positions[j] = n == size ? begin + j : SamplePosition(begin + j, n, size, seed);
+        }
+        for (int64_t j = 0; j < count; ++j) {
+          if (j + kPrefetchDistance < count) __builtin_prefetch(g + positions[j + kPrefetchDistance]);
+          keys[begin + j] = MagnitudeKey<Format>(g[positions[j]]);
+        }
       }
     });
     const BitsOf<T> key = KthLargestFiniteKey<Format>(keys.data(), n, k);

@@ -10,38 +10,70 @@
 #include <functional>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "ops/cc/lib/hashing.h"
 #include "ops/cc/lib/magnitude.h"
 
 namespace tfcomp {
 
-// Elements scanned per compare block: a block is skipped after one vectorised compare when none of
-// its elements reaches the threshold, which is the common case at small ratios.
+// Bit j of the result is set when x[j] is selected, for j in [0, 16). Portable version.
 template <class Format>
-constexpr int kScanBlock = 256 / sizeof(typename Format::Bits);
+inline uint32_t SelectedMask16Portable(const typename Format::Bits* x, typename Format::Bits threshold_key) {
+  uint32_t mask = 0;
+  for (int j = 0; j < 16; ++j) mask |= static_cast<uint32_t>(IsSelected<Format>(x[j], threshold_key)) << j;
+  return mask;
+}
 
-// True when some element of x[0, kScanBlock) is selected. Written to auto-vectorise.
-template <class Format>
-inline bool AnySelectedInBlock(const typename Format::Bits* x, typename Format::Bits threshold_key) {
-  using S = typename Format::SignedBits;
-  S any = 0;
-  for (int j = 0; j < kScanBlock<Format>; ++j) {
-    any |= static_cast<S>(IsSelected<Format>(x[j], threshold_key));
+#if defined(__SSE2__)
+// SSE2 (every x86-64 CPU): |x| >= t as a signed compare of the sign-cleared bits against t - 1, and
+// the 16 compare results packed into one 16-bit mask.
+inline uint32_t SelectedMask16Sse2(const uint32_t* x, uint32_t threshold_key) {
+  const __m128i abs_mask = _mm_set1_epi32(0x7FFFFFFF);
+  const __m128i below = _mm_set1_epi32(static_cast<int32_t>(threshold_key) - 1);
+  __m128i c[4];
+  for (int q = 0; q < 4; ++q) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 4 * q));
+    c[q] = _mm_cmpgt_epi32(_mm_and_si128(v, abs_mask), below);
   }
-  return any != 0;
+  const __m128i packed = _mm_packs_epi16(_mm_packs_epi32(c[0], c[1]), _mm_packs_epi32(c[2], c[3]));
+  return static_cast<uint32_t>(_mm_movemask_epi8(packed));
+}
+
+inline uint32_t SelectedMask16Sse2(const uint16_t* x, uint16_t threshold_key) {
+  const __m128i abs_mask = _mm_set1_epi16(0x7FFF);
+  const __m128i below = _mm_set1_epi16(static_cast<int16_t>(threshold_key - 1));
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 8));
+  const __m128i packed = _mm_packs_epi16(_mm_cmpgt_epi16(_mm_and_si128(lo, abs_mask), below),
+                                         _mm_cmpgt_epi16(_mm_and_si128(hi, abs_mask), below));
+  return static_cast<uint32_t>(_mm_movemask_epi8(packed));
+}
+#endif
+
+// Bit j of the result is set when x[j] is selected (|x[j]| >= threshold, NaN and Inf included).
+template <class Format>
+inline uint32_t SelectedMask16(const typename Format::Bits* x, typename Format::Bits threshold_key) {
+#if defined(__SSE2__)
+  return SelectedMask16Sse2(x, threshold_key);
+#else
+  return SelectedMask16Portable<Format>(x, threshold_key);
+#endif
 }
 
 // Calls visit(i) for every i in [begin, end) with |g[i]| >= threshold (NaN and Inf included), in
 // increasing order of i. Returns early, with false, as soon as visit returns false.
+// Sixteen elements are compared at a time into a bit mask; only its set bits are visited, so the
+// scan costs one vector compare per element plus a few instructions per selected element.
 template <class Format, class Visit>
 inline bool ForEachSelected(const typename Format::Bits* g, int64_t begin, int64_t end,
                             typename Format::Bits threshold_key, Visit&& visit) {
-  constexpr int kBlock = kScanBlock<Format>;
   int64_t i = begin;
-  for (; i + kBlock <= end; i += kBlock) {
-    if (!AnySelectedInBlock<Format>(g + i, threshold_key)) continue;
-    for (int64_t j = i; j < i + kBlock; ++j) {
-      if (IsSelected<Format>(g[j], threshold_key) && !visit(j)) return false;
+  for (; i + 16 <= end; i += 16) {
+    for (uint32_t mask = SelectedMask16<Format>(g + i, threshold_key); mask != 0; mask &= mask - 1) {
+      if (!visit(i + __builtin_ctz(mask))) return false;
     }
   }
   for (; i < end; ++i) {
@@ -80,37 +112,52 @@ inline typename Format::Bits KthLargestFiniteKey(typename Format::Bits* keys, in
 // ---------------------------------------------------------------------------------------------
 // dragonn_compress (004 Algorithm 1).
 
-// Slot contents while hashing: 0 for an empty slot, else (magnitude key + 1) << 32 | index.
+// Slot contents while hashing: 0 for an empty slot, else
+//   (magnitude key + 1) << 32  |  index << 1  |  sign bit.
 // The larger word wins a slot, so on a collision the element of larger magnitude keeps the slot
-// (NaN above Inf above finite), and among equal magnitudes the larger index (004 Lemma A.5).
-// The outcome does not depend on thread timing.
+// (NaN above Inf above finite), and among equal magnitudes the larger index (004 Lemma A.5); the
+// outcome does not depend on thread timing. The word also holds the winner's exact value (key and
+// sign), so the output needs no second, random read of the gradient. Indices are < 2^31.
 template <class Format>
-inline uint64_t SlotWord(typename Format::Bits key, int64_t index) {
-  return (static_cast<uint64_t>(key) + 1) << 32 | static_cast<uint32_t>(index);
-}
-
-inline void AtomicMax(uint64_t* slot, uint64_t word) {
-  uint64_t current = __atomic_load_n(slot, __ATOMIC_RELAXED);
-  while (current < word &&
-         !__atomic_compare_exchange_n(slot, &current, word, /*weak=*/true, __ATOMIC_RELAXED,
-                                      __ATOMIC_RELAXED)) {
-  }
-}
-
-// Hashes every selected index of g[begin, end) into slots[0, hash.num_slots). Thread-safe for
-// disjoint ranges over the same slots.
-template <class Format>
-inline void DragonnHashRange(const typename Format::Bits* g, int64_t begin, int64_t end,
-                             typename Format::Bits threshold_key, const SlotHash& hash, uint64_t* slots) {
-  ForEachSelected<Format>(g, begin, end, threshold_key, [&](int64_t i) {
-    AtomicMax(&slots[hash(static_cast<uint32_t>(i))], SlotWord<Format>(MagnitudeKey<Format>(g[i]), i));
-    return true;
-  });
+inline uint64_t SlotWord(typename Format::Bits bits, int64_t index) {
+  constexpr int kSignShift = 8 * sizeof(typename Format::Bits) - 1;
+  return (static_cast<uint64_t>(MagnitudeKey<Format>(bits)) + 1) << 32 |
+         static_cast<uint64_t>(static_cast<uint32_t>(index)) << 1 | ((bits >> kSignShift) & 1);
 }
 
 // The index held by a slot word, -1 for an empty slot.
 inline int32_t SlotIndex(uint64_t word) {
-  return word == 0 ? -1 : static_cast<int32_t>(static_cast<uint32_t>(word));
+  return word == 0 ? -1 : static_cast<int32_t>(static_cast<uint32_t>(word) >> 1);
+}
+
+// The raw bits of the value held by a slot word (+0 for an empty slot).
+template <class Format>
+inline typename Format::Bits SlotValueBits(uint64_t word) {
+  using Bits = typename Format::Bits;
+  constexpr int kSignShift = 8 * sizeof(Bits) - 1;
+  if (word == 0) return 0;
+  return static_cast<Bits>(((word >> 32) - 1) | (word & 1) << kSignShift);
+}
+
+// Appends the slot words of the selected elements of g[begin, end) to out, in index order.
+template <class Format>
+inline void DragonnCollectRange(const typename Format::Bits* g, int64_t begin, int64_t end,
+                                typename Format::Bits threshold_key, std::vector<uint64_t>* out) {
+  ForEachSelected<Format>(g, begin, end, threshold_key, [&](int64_t i) {
+    out->push_back(SlotWord<Format>(g[i], i));
+    return true;
+  });
+}
+
+// Hashes the collected words into the slots [slot_begin, slot_end) of `slots`, keeping the larger
+// word per slot; words whose slot lies outside that range are left to another caller, so disjoint
+// slot ranges can be filled concurrently. The result does not depend on the order of the words.
+inline void DragonnFillSlots(const uint64_t* words, int64_t num_words, const SlotHash& hash,
+                             uint32_t slot_begin, uint32_t slot_end, uint64_t* slots) {
+  for (int64_t w = 0; w < num_words; ++w) {
+    const uint32_t slot = hash(static_cast<uint32_t>(SlotIndex(words[w])));
+    if (slot - slot_begin < slot_end - slot_begin && words[w] > slots[slot]) slots[slot] = words[w];
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
