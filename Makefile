@@ -16,7 +16,7 @@ test: setup       ## the test suite (pytest)
 	$(PY) -m pytest -q tests
 
 bazel-test: setup ## the same test files as Bazel py_tests
-	bazel test --repo_env=PYTHON_BIN_PATH=$(abspath $(PY)) //...
+	scripts/bazel.sh test //...
 
 bench: setup      ## kernel benchmark; writes benchmarks/results/kernel_benchmark.md
 	$(PY) -m benchmarks.kernel_benchmark --markdown_out=benchmarks/results/kernel_benchmark.md

@@ -58,7 +58,7 @@ fi
 
 # The checkout is importable from the venv (like an editable install, without a pip build).
 site_packages=$("$VPY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-echo "$ROOT" > "$site_packages/tfcomp-checkout.pth"
+[ "$(cat "$site_packages/tfcomp-checkout.pth" 2>/dev/null)" = "$ROOT" ] || echo "$ROOT" > "$site_packages/tfcomp-checkout.pth"
 
 # 4. The op library (Bazel caches the build; a no-op rebuild takes about a second).
 log "building the op library"
