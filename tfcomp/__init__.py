@@ -1,10 +1,36 @@
 """tfcomp: gradient compression that pays in Horovod/Keras data-parallel training.
 
-The op library (Bazel-built TensorFlow custom ops) is reached through `tfcomp.ops`; it is loaded
-lazily, on first use, so importing tfcomp never fails because of it.
+    import horovod.tensorflow.keras as hvd
+    import tfcomp
+    hvd.init()
+    opt = hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(ratio=0.001))
+    # or: opt = tfcomp.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(ratio=0.001))
+
+Importing tfcomp teaches stock Horovod to run tfcomp's exchange for tfcomp compressors (see
+`tfcomp.horovod_glue`). The op library (`tfcomp.ops`) is loaded lazily, on the first op call.
 """
 
 from tfcomp import ops
+from tfcomp.compressors import DGC, DRAGONN, FP16, QSGD, Compressor, EFSignSGD, NoCompression, RandomK, TopK
+from tfcomp.exchange import GradientExchange
+from tfcomp.horovod_glue import install as _install_horovod_glue
+from tfcomp.optimizer import DistributedOptimizer
 from tfcomp.version import __version__
 
-__all__ = ["ops", "__version__"]
+_install_horovod_glue()
+
+__all__ = [
+    "Compressor",
+    "DGC",
+    "DRAGONN",
+    "DistributedOptimizer",
+    "EFSignSGD",
+    "FP16",
+    "GradientExchange",
+    "NoCompression",
+    "QSGD",
+    "RandomK",
+    "TopK",
+    "__version__",
+    "ops",
+]

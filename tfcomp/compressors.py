@@ -1,0 +1,382 @@
+"""Gradient compressors: validated hyper-parameters, a wire format, and encode/decode in TensorFlow.
+
+A compressor turns one flat float32 gradient (or gradient plus error-feedback residual) of `size`
+elements into *wire tensors*, the payload one worker sends, and decodes them back:
+
+  encoded = compressor.encode(flat, seed, worker)     # Encoded(wire=(tensors...), context)
+  mine    = compressor.decode_local(encoded, size)   # float32 [size]: what this worker sent
+  total   = compressor.decode_sum(wire, context, size, num_workers)
+            # float32 [size]: the sum over workers, given the collective's result for each wire
+            # tensor (allgather: the K workers' tensors concatenated on dim 0; allreduce: their sum)
+
+`collective` says which: "allgather" (sparse and quantised payloads, decoded together by one
+`sparse_batched_decode` for the sparsifiers, 004 Sec. 4.3) or "allreduce" (payloads that add up:
+RandomK's values at indices shared by all ranks). FP16 and NoCompression are `dense` compressors:
+the exchange sends those tensors through Horovod's own allreduce, exactly as
+`hvd.Compression.fp16` and `hvd.Compression.none` do.
+
+Seeds: `seed` is an int64 scalar tensor equal on every rank and different every step; `worker` is
+this rank's index in the process set, for randomness that must differ between ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import tensorflow as tf
+
+from tfcomp import ops
+
+__all__ = [
+    "Compressor",
+    "DGC",
+    "DRAGONN",
+    "EFSignSGD",
+    "Encoded",
+    "FP16",
+    "NoCompression",
+    "QSGD",
+    "RandomK",
+    "TopK",
+    "as_compressor",
+]
+
+DEFAULT_MIN_ELEMENTS = 1024
+
+
+class Encoded(NamedTuple):
+    """One worker's payload: the wire tensors and what decoding needs besides them."""
+
+    wire: tuple
+    context: Any = None
+
+
+def _check_ratio(ratio) -> float:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < float(ratio) <= 1.0:
+        raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
+    return float(ratio)
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_momentum(momentum):
+    if momentum is None:
+        return None
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be None or a number in [0, 1), got {momentum!r}")
+    return float(momentum)
+
+
+def _num_selected(ratio: float, size: int) -> int:
+    """k = max(1, round(ratio * size)), rounding halves up."""
+    return max(1, math.floor(ratio * size + 0.5))
+
+
+class Compressor:
+    """Base class. Subclasses set `collective` and implement encode / decode_local / decode_sum.
+
+    Attributes:
+      collective: "allgather", "allreduce" or "dense" (sent by Horovod's allreduce, see module doc).
+      error_feedback: keep what was not sent, per variable, and add it to the next gradient.
+      momentum: None, or DGC's momentum-correction factor (error feedback with momentum and factor
+        masking; then use the inner optimizer without momentum).
+      warmup_steps: communicating steps sent dense before compression starts.
+      min_elements: tensors with fewer elements are sent dense (the cost model replaces this rule).
+    """
+
+    collective = "allgather"
+
+    def __init__(self, *, error_feedback: bool, momentum=None, warmup_steps: int = 0,
+                 min_elements: int = DEFAULT_MIN_ELEMENTS):
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
+        self.momentum = _check_momentum(momentum)
+        if self.momentum is not None and not error_feedback:
+            raise ValueError("momentum correction needs error_feedback=True")
+        self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
+        self.min_elements = _check_int("min_elements", min_elements, 1)
+
+    def get_config(self) -> dict:
+        """Hyper-parameters, for repr and for comparing plans across ranks."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"tfcomp.{type(self).__name__}({args})"
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(sorted(self.get_config().items()))))
+
+    def compresses(self, size: int) -> bool:
+        """Whether a tensor of `size` elements goes through this compressor (else dense)."""
+        return self.collective != "dense" and size >= self.min_elements
+
+    def payload_bytes(self, size: int) -> int:
+        """Bytes one worker sends for a tensor of `size` float32 elements."""
+        raise NotImplementedError
+
+    def encode(self, flat: tf.Tensor, seed: tf.Tensor, worker: int) -> Encoded:
+        """flat: float32 [size]; seed: int64 scalar; worker: this rank's index."""
+        raise NotImplementedError
+
+    def decode_local(self, encoded: Encoded, size: int) -> tf.Tensor:
+        """float32 [size]: the dense value of this worker's own payload."""
+        raise NotImplementedError
+
+    def decode_sum(self, wire: tuple, context, size: int, num_workers: int) -> tf.Tensor:
+        """float32 [size]: the sum of all workers' payloads from the collective's results."""
+        raise NotImplementedError
+
+
+class _Sparsifier(Compressor):
+    """Payload (values [m] float32, indices [m] int32, -1 = empty); decode: one batched decode."""
+
+    def __init__(self, ratio, *, error_feedback=True, momentum=None, warmup_steps=0,
+                 min_elements=DEFAULT_MIN_ELEMENTS):
+        self.ratio = _check_ratio(ratio)
+        super().__init__(error_feedback=error_feedback, momentum=momentum, warmup_steps=warmup_steps,
+                         min_elements=min_elements)
+
+    def payload_length(self, size: int) -> int:
+        return _num_selected(self.ratio, size)
+
+    def payload_bytes(self, size: int) -> int:
+        return 8 * self.payload_length(size)
+
+    def decode_local(self, encoded: Encoded, size: int) -> tf.Tensor:
+        values, indices = encoded.wire
+        return ops.sparse_batched_decode(values, indices, size)
+
+    def decode_sum(self, wire, context, size, num_workers):
+        values, indices = wire
+        return ops.sparse_batched_decode(values, indices, size)
+
+
+class DRAGONN(_Sparsifier):
+    """DRAGONN hashing sparsification (004 Algorithm 1), the default sparsifier.
+
+    Args:
+      ratio: fraction of elements to send, in (0, 1]. Default 0.001.
+      slots_per_element: num_slots = max(1, round(slots_per_element * ratio * size)). Default 1
+        (004's setting: about 63 % of the slots fill, 004 Lemma A.10).
+      num_samples: elements sampled to estimate the threshold. Default 65536.
+      error_feedback, momentum, warmup_steps, min_elements: see `Compressor`. Default error
+        feedback on, no momentum correction, no warm-up, tensors of >= 1024 elements.
+    Each worker hashes with its own seed, which changes every step.
+    """
+
+    def __init__(self, ratio=0.001, *, slots_per_element=1.0, num_samples=65536, **kwargs):
+        if isinstance(slots_per_element, bool) or not isinstance(slots_per_element, (int, float)) or not slots_per_element > 0:
+            raise ValueError(f"slots_per_element must be a number > 0, got {slots_per_element!r}")
+        self.slots_per_element = float(slots_per_element)
+        self.num_samples = _check_int("num_samples", num_samples, 1)
+        super().__init__(ratio, **kwargs)
+
+    def payload_length(self, size: int) -> int:
+        return max(1, math.floor(self.slots_per_element * self.ratio * size + 0.5))
+
+    def encode(self, flat, seed, worker):
+        hash_seed = seed * 1_000_003 + worker
+        threshold = ops.estimate_threshold(flat, self.ratio, self.num_samples, hash_seed)
+        return Encoded(ops.dragonn_compress(flat, threshold, self.payload_length(int(flat.shape[0])), hash_seed))
+
+
+class DGC(_Sparsifier):
+    """DGC threshold sparsification (004 Algorithm 3): sampled threshold, then the selected elements
+    in index order, the first ratio * size of them.
+
+    Args:
+      ratio: fraction of elements to send, in (0, 1]. Default 0.001.
+      num_samples: elements sampled to estimate the threshold. Default 65536.
+      error_feedback, momentum, warmup_steps, min_elements: see `Compressor`.
+    """
+
+    def __init__(self, ratio=0.001, *, num_samples=65536, **kwargs):
+        self.num_samples = _check_int("num_samples", num_samples, 1)
+        super().__init__(ratio, **kwargs)
+
+    def encode(self, flat, seed, worker):
+        threshold = ops.estimate_threshold(flat, self.ratio, self.num_samples, seed * 1_000_003 + worker)
+        return Encoded(ops.dgc_compress(flat, threshold, self.payload_length(int(flat.shape[0]))))
+
+
+class TopK(_Sparsifier):
+    """Exact top-k sparsification: the ratio * size elements of largest magnitude.
+
+    Args:
+      ratio: fraction of elements to send, in (0, 1]. Default 0.001.
+      error_feedback, momentum, warmup_steps, min_elements: see `Compressor`.
+    """
+
+    def __init__(self, ratio=0.001, **kwargs):
+        super().__init__(ratio, **kwargs)
+
+    def encode(self, flat, seed, worker):
+        return Encoded(ops.topk_compress(flat, self.payload_length(int(flat.shape[0]))))
+
+
+class RandomK(Compressor):
+    """Random-k sparsification with indices drawn from a seed shared by all ranks, so the values of
+    all workers sit at the same indices and are summed by allreduce.
+
+    Args:
+      ratio: fraction of elements to send, in (0, 1]. Default 0.01.
+      error_feedback, momentum, warmup_steps, min_elements: see `Compressor`.
+    """
+
+    collective = "allreduce"
+
+    def __init__(self, ratio=0.01, *, error_feedback=True, momentum=None, warmup_steps=0,
+                 min_elements=DEFAULT_MIN_ELEMENTS):
+        self.ratio = _check_ratio(ratio)
+        super().__init__(error_feedback=error_feedback, momentum=momentum, warmup_steps=warmup_steps,
+                         min_elements=min_elements)
+
+    def payload_bytes(self, size):
+        return 4 * _num_selected(self.ratio, size)
+
+    def encode(self, flat, seed, worker):
+        size = int(flat.shape[0])
+        k = _num_selected(self.ratio, size)
+        key = tf.stack([seed, tf.constant(0x5EED, tf.int64), tf.constant(size, tf.int64)])
+        indices = tf.random.experimental.index_shuffle(tf.range(k, dtype=tf.int64), key, size - 1)
+        indices = tf.cast(indices, tf.int32)
+        return Encoded((tf.gather(flat, indices),), indices)
+
+    def decode_local(self, encoded, size):
+        return ops.sparse_batched_decode(encoded.wire[0], encoded.context, size)
+
+    def decode_sum(self, wire, context, size, num_workers):
+        return ops.sparse_batched_decode(wire[0], context, size)
+
+
+class EFSignSGD(Compressor):
+    """Scaled sign compression with error feedback (EF-SignSGD): 1 bit per element, packed 8 to a
+    byte, and one float32 scale (the mean magnitude). Payload: ceil(size / 8) + 4 bytes.
+
+    Args:
+      error_feedback, momentum, warmup_steps, min_elements: see `Compressor` (error feedback on).
+    """
+
+    def __init__(self, *, error_feedback=True, momentum=None, warmup_steps=0, min_elements=DEFAULT_MIN_ELEMENTS):
+        super().__init__(error_feedback=error_feedback, momentum=momentum, warmup_steps=warmup_steps,
+                         min_elements=min_elements)
+
+    _BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+    def payload_bytes(self, size):
+        return -(-size // 8) + 4
+
+    def encode(self, flat, seed, worker):
+        size = int(flat.shape[0])
+        scale = tf.reshape(tf.reduce_mean(tf.abs(flat)), [1])
+        bits = tf.pad(tf.cast(flat >= 0, tf.int32), [[0, -size % 8]])
+        packed = tf.reduce_sum(tf.reshape(bits, [-1, 8]) * tf.constant(self._BIT_WEIGHTS), axis=1)
+        return Encoded((tf.cast(packed, tf.uint8), scale))
+
+    def _unpack(self, packed, scale, size, num_workers):
+        """[num_workers, size] float32 of +-scale."""
+        bits = tf.bitwise.bitwise_and(
+            tf.reshape(tf.cast(packed, tf.int32), [num_workers, -1, 1]), tf.constant(self._BIT_WEIGHTS)
+        )
+        signs = tf.reshape(tf.where(bits > 0, 1.0, -1.0), [num_workers, -1])[:, :size]
+        return signs * tf.reshape(scale, [num_workers, 1])
+
+    def decode_local(self, encoded, size):
+        packed, scale = encoded.wire
+        return self._unpack(packed, scale, size, 1)[0]
+
+    def decode_sum(self, wire, context, size, num_workers):
+        packed, scale = wire
+        return tf.reduce_sum(self._unpack(packed, scale, size, num_workers), axis=0)
+
+
+class QSGD(Compressor):
+    """QSGD stochastic quantisation (Alistarh et al.): each element becomes a signed level in
+    [-s, s], s = 2^bits - 1, of the tensor's L2 norm, rounded up or down at random so that the
+    quantised tensor is unbiased. Levels travel as int8 (one byte per element) with one float32 norm.
+
+    Args:
+      bits: 1 to 7 bits of magnitude (plus the sign). Default 4.
+      error_feedback: default False (QSGD is unbiased); momentum, warmup_steps, min_elements: see
+        `Compressor`.
+    """
+
+    def __init__(self, bits=4, *, error_feedback=False, momentum=None, warmup_steps=0,
+                 min_elements=DEFAULT_MIN_ELEMENTS):
+        self.bits = _check_int("bits", bits, 1)
+        if self.bits > 7:
+            raise ValueError(f"bits must be an integer in [1, 7], got {bits!r}")
+        super().__init__(error_feedback=error_feedback, momentum=momentum, warmup_steps=warmup_steps,
+                         min_elements=min_elements)
+
+    def payload_bytes(self, size):
+        return size + 4
+
+    def encode(self, flat, seed, worker):
+        levels = float(2**self.bits - 1)
+        norm = tf.norm(flat)
+        scaled = tf.math.divide_no_nan(tf.abs(flat), norm) * levels
+        noise = tf.random.stateless_uniform(tf.shape(flat), seed=tf.stack([seed, tf.cast(worker, tf.int64)]))
+        quantised = tf.minimum(tf.floor(scaled + noise), levels) * tf.sign(flat)
+        return Encoded((tf.cast(quantised, tf.int8), tf.reshape(norm, [1])))
+
+    def _dequantise(self, levels, norm, num_workers):
+        scale = tf.reshape(norm, [num_workers, 1]) / float(2**self.bits - 1)
+        return tf.reshape(tf.cast(levels, tf.float32), [num_workers, -1]) * scale
+
+    def decode_local(self, encoded, size):
+        return self._dequantise(*encoded.wire, 1)[0]
+
+    def decode_sum(self, wire, context, size, num_workers):
+        return tf.reduce_sum(self._dequantise(*wire, num_workers), axis=0)
+
+
+class FP16(Compressor):
+    """Half-precision allreduce, exactly `hvd.Compression.fp16` (no error feedback)."""
+
+    collective = "dense"
+
+    def __init__(self):
+        super().__init__(error_feedback=False)
+
+    def payload_bytes(self, size):
+        return 2 * size
+
+
+class NoCompression(Compressor):
+    """Plain allreduce, exactly `hvd.Compression.none`."""
+
+    collective = "dense"
+
+    def __init__(self):
+        super().__init__(error_feedback=False)
+
+    def payload_bytes(self, size):
+        return 4 * size
+
+
+def as_compressor(compression) -> Compressor:
+    """A tfcomp compressor for `compression`: a Compressor, or Horovod's Compression.none / .fp16."""
+    if isinstance(compression, Compressor):
+        return compression
+    from horovod.tensorflow.compression import Compression, FP16Compressor, NoneCompressor
+
+    if compression is None or compression in (Compression.none, NoneCompressor):
+        return NoCompression()
+    if compression in (Compression.fp16, FP16Compressor):
+        return FP16()
+    raise TypeError(
+        "compression must be a tfcomp compressor (tfcomp.DRAGONN(), tfcomp.DGC(), tfcomp.TopK(), "
+        "tfcomp.RandomK(), tfcomp.EFSignSGD(), tfcomp.QSGD(), tfcomp.FP16(), tfcomp.NoCompression()) "
+        f"or hvd.Compression.none / hvd.Compression.fp16, got {compression!r}"
+    )
