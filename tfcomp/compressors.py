@@ -247,7 +247,7 @@ class RandomK(Compressor):
     def encode(self, flat, seed, worker):
         size = int(flat.shape[0])
         k = _num_selected(self.ratio, size)
-        key = tf.stack([seed, tf.constant(0x5EED, tf.int64), tf.constant(size, tf.int64)])
+        key = tf.stack([seed, tf.constant(size, tf.int64)])
         indices = tf.random.experimental.index_shuffle(tf.range(k, dtype=tf.int64), key, size - 1)
         indices = tf.cast(indices, tf.int32)
         return Encoded((tf.gather(flat, indices),), indices)

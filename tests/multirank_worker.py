@@ -1,0 +1,234 @@
+"""Worker side of tests/test_multirank.py: run under horovodrun, writes one JSON of findings per rank.
+
+    horovodrun -np N -H localhost:N --gloo python -m tests.multirank_worker --out DIR
+
+Every check trains or exchanges on rank-dependent random data and records numbers (max differences,
+flags); the pytest side asserts on them, so a failure shows what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+
+import tfcomp
+
+__all__ = []
+
+COMPRESSORS = {
+    "DRAGONN": lambda: tfcomp.DRAGONN(0.05, min_elements=256),
+    "DGC": lambda: tfcomp.DGC(0.05, min_elements=256),
+    "TopK": lambda: tfcomp.TopK(0.05, min_elements=256),
+    "RandomK": lambda: tfcomp.RandomK(0.05, min_elements=256),
+    "EFSignSGD": lambda: tfcomp.EFSignSGD(min_elements=256),
+    "QSGD": lambda: tfcomp.QSGD(4, min_elements=256),
+    "QSGD+EF": lambda: tfcomp.QSGD(4, error_feedback=True, min_elements=256),
+    "FP16": tfcomp.FP16,
+    "NoCompression": tfcomp.NoCompression,
+    "DGC+momentum": lambda: tfcomp.DGC(0.05, momentum=0.9, min_elements=256),
+    "DRAGONN+warmup": lambda: tfcomp.DRAGONN(0.05, warmup_steps=2, min_elements=256),
+}
+
+
+def make_model(seed: int = 0) -> tf.keras.Model:
+    """A small MLP whose first kernel (32 x 24 = 768 elements) is compressed (min_elements=256)."""
+    tf.keras.utils.set_random_seed(seed)
+    return tf.keras.Sequential([
+        tf.keras.layers.Dense(24, activation="tanh", input_shape=(32,)),
+        tf.keras.layers.Dense(16, activation="tanh"),
+        tf.keras.layers.Dense(4),
+    ])
+
+
+def local_data(n: int = 64):
+    """Rank-dependent random regression data (different on every rank, same every run)."""
+    rng = np.random.default_rng(1000 + hvd.rank())
+    return rng.standard_normal((n, 32)).astype(np.float32), rng.standard_normal((n, 4)).astype(np.float32)
+
+
+def weights_spread(model: tf.keras.Model) -> float:
+    """Max over weights of |w - w on rank 0| anywhere, as seen by every rank."""
+    worst = 0.0
+    for w in model.get_weights():
+        root = hvd.broadcast(tf.constant(w), root_rank=0).numpy()
+        worst = max(worst, float(np.max(np.abs(w - root))) if w.size else 0.0)
+    return float(hvd.allreduce(tf.constant(worst), op=hvd_tf.Max).numpy())
+
+
+def fit(compression, entry="horovod", steps_per_epoch=4, epochs=2, optimizer=None, run_eagerly=False,
+        backward_passes_per_step=1):
+    """Trains make_model() with model.fit; returns (model, distributed optimizer)."""
+    model = make_model()
+    inner = optimizer or tf.keras.optimizers.SGD(0.05)
+    wrap = hvd.DistributedOptimizer if entry == "horovod" else tfcomp.DistributedOptimizer
+    opt = wrap(inner, compression=compression, backward_passes_per_step=backward_passes_per_step)
+    model.compile(opt, loss="mse", run_eagerly=run_eagerly)
+    x, y = local_data(16 * steps_per_epoch)
+    model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    return model, opt
+
+
+def check_training(report):
+    """Every compressor, both entry points: weights identical on all ranks; entry points agree."""
+    for name, make in COMPRESSORS.items():
+        model_h, _ = fit(make(), entry="horovod")
+        model_t, _ = fit(make(), entry="tfcomp")
+        report[f"spread/{name}"] = weights_spread(model_h)
+        report[f"entry_points_differ/{name}"] = max(
+            float(np.max(np.abs(a - b))) for a, b in zip(model_h.get_weights(), model_t.get_weights())
+        )
+        report[f"trained/{name}"] = float(np.max(np.abs(model_h.get_weights()[0] - make_model().get_weights()[0])))
+    for label, compression in (("hvd.Compression.none", hvd.Compression.none), ("hvd.Compression.fp16", hvd.Compression.fp16)):
+        model, _ = fit(compression, entry="tfcomp")
+        report[f"spread/{label}"] = weights_spread(model)
+    model, _ = fit(COMPRESSORS["DRAGONN"](), run_eagerly=True)
+    report["spread/eager"] = weights_spread(model)
+    model, _ = fit(COMPRESSORS["DRAGONN"](), optimizer=tf.keras.optimizers.legacy.SGD(0.05))
+    report["spread/legacy_optimizer"] = weights_spread(model)
+    model, opt = fit(COMPRESSORS["DRAGONN"](), backward_passes_per_step=2)
+    report["spread/backward_passes_per_step=2"] = weights_spread(model)
+    report["communications/backward_passes_per_step=2"] = int(opt._allreduce_grads.step.numpy())
+
+
+def check_embedding(report):
+    """IndexedSlices gradients (an Embedding) go through Horovod's sparse path."""
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 32, input_length=3), tf.keras.layers.Flatten(),
+                                 tf.keras.layers.Dense(24, activation="tanh"), tf.keras.layers.Dense(1)])
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=COMPRESSORS["DRAGONN"]())
+    model.compile(opt, loss="mse")
+    rng = np.random.default_rng(hvd.rank())
+    model.fit(rng.integers(0, 50, (32, 3)), rng.standard_normal((32, 1)), batch_size=8, epochs=1, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    report["spread/embedding"] = weights_spread(model)
+
+
+def check_exchange_semantics(report):
+    """The reduced gradient is the average of what the workers sent (gradient plus memory before,
+    less memory after); no compression equals Horovod's average."""
+    rng = np.random.default_rng(77 + hvd.rank())
+    shapes = [(40, 30), (7,), (33, 17)]
+    variables = [tf.Variable(tf.zeros(s)) for s in shapes]
+    for name, make in COMPRESSORS.items():
+        compressor = make()
+        if compressor.collective != "dense" and not compressor.error_feedback:
+            continue  # what such a worker sent is not observable here; see tests/test_compressors.py
+        exchange = tfcomp.GradientExchange(compressor)
+        memory = exchange.memory
+        worst = 0.0
+        for _ in range(3):
+            grads = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+            old = {ref: (memory.residuals[i].numpy(), memory.momenta[i].numpy())
+                   for ref, i in memory._slot_of.items()}
+            reduced = exchange(grads, variables)
+            for g, v, out in zip(grads, variables, reduced):
+                flat = g.numpy().ravel()
+                if v.ref() in memory._slot_of:
+                    slot = memory._slot_of[v.ref()]
+                    residual, momentum = old.get(v.ref(), (np.zeros_like(flat), np.zeros_like(flat)))
+                    if compressor.momentum is not None:  # DGC: v_old + (m u_old + g) - v_new was sent
+                        sent = residual + compressor.momentum * momentum + flat - memory.residuals[slot].numpy()
+                    else:
+                        sent = flat + residual - memory.residuals[slot].numpy()
+                    expected = hvd.allreduce(tf.constant(sent), op=hvd.Average).numpy()
+                else:
+                    expected = hvd.allreduce(g, op=hvd.Average, compression=(
+                        hvd.Compression.fp16 if isinstance(compressor, tfcomp.FP16) else hvd.Compression.none)).numpy()
+                worst = max(worst, float(np.max(np.abs(out.numpy().ravel() - expected.ravel()))))
+        report[f"average_of_sent/{name}"] = worst
+    grads = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+    plain = [hvd.allreduce(g, op=hvd.Average).numpy() for g in grads]
+    for label, compressor in (("NoCompression", tfcomp.NoCompression()),
+                              ("DRAGONN ratio 1", tfcomp.DRAGONN(1.0, slots_per_element=256.0, min_elements=1))):
+        reduced = tfcomp.GradientExchange(compressor)(grads, variables)
+        report[f"equals_horovod/{label}"] = max(float(np.max(np.abs(r.numpy() - p))) for r, p in zip(reduced, plain))
+
+
+def train_steps(model, opt, batches):
+    """Custom GradientTape loop with opt.minimize, inside a tf.function."""
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        opt.minimize(loss, model.trainable_variables, tape=tape)
+
+    for x, y in batches:
+        step(x, y)
+
+
+def check_checkpoint(report):
+    """Train 6 steps straight vs 3 steps, save, restore into fresh objects, 3 more: identical."""
+    x, y = local_data(96)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 96, 16)]
+    for name in ("DRAGONN", "DGC+momentum", "EFSignSGD"):
+        def fresh():
+            model = make_model()
+            model(x[:1])
+            opt = tfcomp.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.5),
+                                              compression=COMPRESSORS[name]())
+            return model, opt
+
+        straight_model, straight_opt = fresh()
+        train_steps(straight_model, straight_opt, batches)
+
+        first_model, first_opt = fresh()
+        train_steps(first_model, first_opt, batches[:3])
+        directory = os.path.join(tempfile.gettempdir(), f"tfcomp_ckpt_{os.getpid()}_{name}")
+        path = tf.train.Checkpoint(model=first_model, optimizer=first_opt).save(os.path.join(directory, "ckpt"))
+        residual_saved = first_opt._allreduce_grads.memory.residuals[0].numpy()
+
+        resumed_model, resumed_opt = fresh()
+        tf.train.Checkpoint(model=resumed_model, optimizer=resumed_opt).restore(path)
+        train_steps(resumed_model, resumed_opt, batches[3:4])
+        exchange = resumed_opt._allreduce_grads
+        report[f"residual_restored/{name}"] = bool(np.any(residual_saved != 0))
+        train_steps(resumed_model, resumed_opt, batches[4:])
+        report[f"resume_differs/{name}"] = max(
+            float(np.max(np.abs(a - b))) for a, b in zip(straight_model.get_weights(), resumed_model.get_weights())
+        )
+        report[f"resume_step/{name}"] = int(exchange.step.numpy())
+
+
+def check_loss_scale_skip(report):
+    """A step the LossScaleOptimizer skips (overflow) leaves the residuals untouched."""
+    x, y = local_data(32)
+    model = make_model()
+    model(x[:1])
+    opt = tf.keras.mixed_precision.LossScaleOptimizer(
+        hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=COMPRESSORS["DRAGONN"]()),
+        dynamic=True, initial_scale=2.0**10)
+    train_steps(model, opt, [(x[:16], y[:16])])
+    exchange = opt.inner_optimizer._allreduce_grads
+    before = [r.numpy() for r in exchange.memory.residuals]
+    weights = [w.copy() for w in model.get_weights()]
+    opt._loss_scale._current_loss_scale.assign(float("inf"))  # the scaled gradients are not finite
+    train_steps(model, opt, [(x[16:], y[16:])])
+    after = [r.numpy() for r in exchange.memory.residuals]
+    report["loss_scale/residual_changed_on_skip"] = max(float(np.max(np.abs(a - b))) for a, b in zip(before, after))
+    report["loss_scale/weights_changed_on_skip"] = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(weights, model.get_weights()))
+    report["loss_scale/scale_after_skip"] = float(opt.loss_scale.numpy())
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    hvd.init()
+    report = {"size": hvd.size(), "rank": hvd.rank()}
+    for check in (check_exchange_semantics, check_training, check_embedding, check_checkpoint, check_loss_scale_skip):
+        check(report)
+    with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
+        json.dump(report, f, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Multi-rank behaviour of the compressed exchange: horovodrun with 2 and 3 workers runs
+tests/multirank_worker.py, and these tests assert on what every rank measured."""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXACT = 0.0
+FLOAT_TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}_workers")
+def reports(request, tmp_path_factory):
+    """Runs the worker under horovodrun once per world size; returns the list of rank reports."""
+    num_workers = request.param
+    out = tmp_path_factory.mktemp(f"multirank{num_workers}")
+    horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
+    command = [horovodrun, "-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo",
+               sys.executable, "-m", "tests.multirank_worker", "--out", str(out)]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    files = sorted(glob.glob(str(out / "rank*.json")))
+    assert len(files) == num_workers, files
+    loaded = [json.load(open(f)) for f in files]
+    assert all(r["size"] == num_workers for r in loaded)
+    return loaded
+
+
+def values(reports, prefix):
+    """{name: [value on each rank]} for the keys under prefix."""
+    names = sorted({k.split("/", 1)[1] for r in reports for k in r if k.startswith(prefix + "/")})
+    return {name: [r[f"{prefix}/{name}"] for r in reports] for name in names}
+
+
+def test_weights_identical_on_all_ranks(reports):
+    spreads = values(reports, "spread")
+    expected = {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "FP16", "NoCompression",
+                "hvd.Compression.none", "hvd.Compression.fp16", "eager", "legacy_optimizer", "embedding",
+                "backward_passes_per_step=2", "DGC+momentum", "DRAGONN+warmup"}
+    assert expected <= set(spreads)
+    assert {name: s for name, s in spreads.items() if max(s) != EXACT} == {}
+
+
+def test_training_moved_the_weights(reports):
+    assert all(min(moved) > 1e-3 for moved in values(reports, "trained").values())
+
+
+def test_both_entry_points_give_identical_weights(reports):
+    assert {n: d for n, d in values(reports, "entry_points_differ").items() if max(d) != EXACT} == {}
+
+
+def test_reduced_gradient_is_the_average_of_what_workers_sent(reports):
+    # Error feedback conserves mass: sent = gradient + old memory - new memory, and the reduced
+    # gradient is the average of the workers' sent tensors (float32 summation order aside).
+    worst = values(reports, "average_of_sent")
+    assert {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD+EF", "DGC+momentum"} <= set(worst)
+    assert {n: w for n, w in worst.items() if max(w) > FLOAT_TOLERANCE} == {}
+
+
+def test_without_compression_and_with_dragonn_ratio_1_equals_horovod(reports):
+    assert values(reports, "equals_horovod") == {"DRAGONN ratio 1": [0.0] * len(reports),
+                                                 "NoCompression": [0.0] * len(reports)}
+
+
+def test_backward_passes_per_step_communicates_every_second_step(reports):
+    assert values(reports, "communications")["backward_passes_per_step=2"] == [4] * len(reports)
+
+
+def test_checkpoint_restore_continues_exactly(reports):
+    assert all(all(v) for v in values(reports, "residual_restored").values())
+    assert {n: d for n, d in values(reports, "resume_differs").items() if max(d) != EXACT} == {}
+    assert all(steps == [6] * len(reports) for steps in values(reports, "resume_step").values())
+
+
+def test_skipped_loss_scale_step_leaves_residuals_untouched(reports):
+    found = values(reports, "loss_scale")
+    assert found["residual_changed_on_skip"] == [0.0] * len(reports)
+    assert found["weights_changed_on_skip"] == [0.0] * len(reports)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
