@@ -12,7 +12,9 @@ import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXACT = 0.0
+# Sums over 3 ranks depend on the reduction order (grouped vs single collectives fuse differently).
 FLOAT_TOLERANCE = 1e-5
+FP16_TOLERANCE = 1e-2  # fp16 sums of N(0, 1) values: an fp16 ulp near 4 is 0.004
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}_workers")
@@ -62,12 +64,13 @@ def test_reduced_gradient_is_the_average_of_what_workers_sent(reports):
     # gradient is the average of the workers' sent tensors (float32 summation order aside).
     worst = values(reports, "average_of_sent")
     assert {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD+EF", "DGC+momentum"} <= set(worst)
-    assert {n: w for n, w in worst.items() if max(w) > FLOAT_TOLERANCE} == {}
+    assert {n: w for n, w in worst.items() if max(w) > (FP16_TOLERANCE if n == "FP16" else FLOAT_TOLERANCE)} == {}
 
 
 def test_without_compression_and_with_dragonn_ratio_1_equals_horovod(reports):
-    assert values(reports, "equals_horovod") == {"DRAGONN ratio 1": [0.0] * len(reports),
-                                                 "NoCompression": [0.0] * len(reports)}
+    found = values(reports, "equals_horovod")
+    assert set(found) == {"DRAGONN ratio 1", "NoCompression"}
+    assert all(max(d) <= FLOAT_TOLERANCE for d in found.values()), found
 
 
 def test_backward_passes_per_step_communicates_every_second_step(reports):
