@@ -63,12 +63,12 @@ def weights_spread(model: tf.keras.Model) -> float:
 
 
 def fit(compression, entry="horovod", steps_per_epoch=4, epochs=2, optimizer=None, run_eagerly=False,
-        backward_passes_per_step=1):
+        **distributed_kwargs):
     """Trains make_model() with model.fit; returns (model, distributed optimizer)."""
     model = make_model()
     inner = optimizer or tf.keras.optimizers.SGD(0.05)
     wrap = hvd.DistributedOptimizer if entry == "horovod" else tfcomp.DistributedOptimizer
-    opt = wrap(inner, compression=compression, backward_passes_per_step=backward_passes_per_step)
+    opt = wrap(inner, compression=compression, **distributed_kwargs)
     model.compile(opt, loss="mse", run_eagerly=run_eagerly)
     x, y = local_data(16 * steps_per_epoch)
     model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
@@ -96,19 +96,30 @@ def check_training(report):
     model, opt = fit(COMPRESSORS["DRAGONN"](), backward_passes_per_step=2)
     report["spread/backward_passes_per_step=2"] = weights_spread(model)
     report["communications/backward_passes_per_step=2"] = int(opt._allreduce_grads.step.numpy())
+    reference, _ = fit(COMPRESSORS["DRAGONN"]())
+    model, _ = fit(COMPRESSORS["DRAGONN"](), gradient_predivide_factor=2.0)
+    report["spread/gradient_predivide_factor=2"] = weights_spread(model)
+    report["predivide_differs"] = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(reference.get_weights(), model.get_weights()))
+    model, _ = fit(COMPRESSORS["DRAGONN"](), op=hvd_tf.Sum)
+    report["spread/op=Sum"] = weights_spread(model)
 
 
 def check_embedding(report):
-    """IndexedSlices gradients (an Embedding) go through Horovod's sparse path."""
-    tf.keras.utils.set_random_seed(0)
-    model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 32, input_length=3), tf.keras.layers.Flatten(),
-                                 tf.keras.layers.Dense(24, activation="tanh"), tf.keras.layers.Dense(1)])
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=COMPRESSORS["DRAGONN"]())
-    model.compile(opt, loss="mse")
-    rng = np.random.default_rng(hvd.rank())
-    model.fit(rng.integers(0, 50, (32, 3)), rng.standard_normal((32, 1)), batch_size=8, epochs=1, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    report["spread/embedding"] = weights_spread(model)
+    """IndexedSlices gradients (an Embedding) go through Horovod's sparse path, or are compressed
+    as dense tensors with sparse_as_dense."""
+    for label, sparse_as_dense in (("embedding", False), ("embedding sparse_as_dense", True)):
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.layers.Embedding(50, 32, input_length=3), tf.keras.layers.Flatten(),
+                                     tf.keras.layers.Dense(24, activation="tanh"), tf.keras.layers.Dense(1)])
+        opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=COMPRESSORS["DRAGONN"](),
+                                       sparse_as_dense=sparse_as_dense)
+        model.compile(opt, loss="mse")
+        rng = np.random.default_rng(hvd.rank())
+        model.fit(rng.integers(0, 50, (32, 3)), rng.standard_normal((32, 1)), batch_size=8, epochs=1, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        report[f"spread/{label}"] = weights_spread(model)
+        report[f"strategy/{label}"] = opt._allreduce_grads.records[0].strategy
 
 
 def check_exchange_semantics(report):

@@ -46,7 +46,8 @@ def test_weights_identical_on_all_ranks(reports):
     spreads = values(reports, "spread")
     expected = {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "FP16", "NoCompression",
                 "hvd.Compression.none", "hvd.Compression.fp16", "eager", "legacy_optimizer", "embedding",
-                "backward_passes_per_step=2", "DGC+momentum", "DRAGONN+warmup"}
+                "backward_passes_per_step=2", "DGC+momentum", "DRAGONN+warmup", "gradient_predivide_factor=2",
+                "op=Sum", "embedding sparse_as_dense"}
     assert expected <= set(spreads)
     assert {name: s for name, s in spreads.items() if max(s) != EXACT} == {}
 
@@ -71,6 +72,16 @@ def test_without_compression_and_with_dragonn_ratio_1_equals_horovod(reports):
     found = values(reports, "equals_horovod")
     assert set(found) == {"DRAGONN ratio 1", "NoCompression"}
     assert all(max(d) <= FLOAT_TOLERANCE for d in found.values()), found
+
+
+def test_predivide_factor_does_not_change_the_average(reports):
+    assert max(r["predivide_differs"] for r in reports) <= FLOAT_TOLERANCE
+
+
+def test_indexed_slices_go_sparse_unless_sparse_as_dense(reports):
+    strategies = values(reports, "strategy")
+    assert strategies["embedding"] == ["sparse allgather"] * len(reports)
+    assert strategies["embedding sparse_as_dense"] == ["DRAGONN allgather"] * len(reports)
 
 
 def test_backward_passes_per_step_communicates_every_second_step(reports):

@@ -118,8 +118,9 @@ class GradientExchange(tf.Module):
 
     def _exchange(self, grads, vars):  # noqa: A002
         compressor = self.compressor
-        if self.sparse_as_dense:
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        if self.sparse_as_dense:  # the variable's static shape survives the conversion
+            grads = [tf.reshape(tf.convert_to_tensor(g), v.shape) if isinstance(g, tf.IndexedSlices) else g
+                     for g, v in zip(grads, vars)]
         out = [None] * len(grads)
         records = []
         dense, compressed = [], []
