@@ -247,9 +247,10 @@ class RandomK(Compressor):
     def encode(self, flat, seed, worker):
         size = int(flat.shape[0])
         k = _num_selected(self.ratio, size)
-        key = tf.stack([seed, tf.constant(size, tf.int64)])
-        indices = tf.random.experimental.index_shuffle(tf.range(k, dtype=tf.int64), key, size - 1)
-        indices = tf.cast(indices, tf.int32)
+        # fold_in hashes the whole seed (raw seeds that differ only in high bits must not repeat);
+        # the first k of a seeded permutation are k distinct indices, the same on every rank.
+        key = tf.random.experimental.stateless_fold_in(tf.constant([0x5EED, size], tf.int64), seed)
+        indices = tf.random.experimental.stateless_shuffle(tf.range(size, dtype=tf.int32), key)[:k]
         return Encoded((tf.gather(flat, indices),), indices)
 
     def decode_local(self, encoded, size):
@@ -341,25 +342,27 @@ class QSGD(Compressor):
         return tf.reduce_sum(self._dequantise(*wire, num_workers), axis=0)
 
 
-class FP16(Compressor):
-    """Half-precision allreduce, exactly `hvd.Compression.fp16` (no error feedback)."""
+class _DenseCompressor(Compressor):
+    """Sent by Horovod's allreduce; no hyper-parameters."""
 
     collective = "dense"
 
     def __init__(self):
         super().__init__(error_feedback=False)
+
+    def get_config(self) -> dict:
+        return {}
+
+
+class FP16(_DenseCompressor):
+    """Half-precision allreduce, exactly `hvd.Compression.fp16` (no error feedback)."""
 
     def payload_bytes(self, size):
         return 2 * size
 
 
-class NoCompression(Compressor):
+class NoCompression(_DenseCompressor):
     """Plain allreduce, exactly `hvd.Compression.none`."""
-
-    collective = "dense"
-
-    def __init__(self):
-        super().__init__(error_feedback=False)
 
     def payload_bytes(self, size):
         return 4 * size

@@ -47,7 +47,8 @@ def _grouped_by_dtype(collective, tensors, **kwargs):
 
 @dataclass(frozen=True)
 class TensorRecord:
-    """How one gradient is exchanged: name, elements, strategy, bytes per worker per step."""
+    """How one gradient is exchanged: name, elements, strategy, bytes per worker per step
+    (sent_bytes -1: depends on the step, as for IndexedSlices)."""
 
     name: str
     elements: int
@@ -93,11 +94,28 @@ class GradientExchange(tf.Module):
         if not self.process_set.included():
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
-        reduced = self._graph_fn([grads[i] for i in present], [vars[i] for i in present])
+        grads_in = [self._densify(grads[i], vars[i]) for i in present]
+        vars_in = [vars[i] for i in present]
+        # Memory is created here, outside the exchange's tf.function, so that a variable whose
+        # gradient first appears on a later call (a retrace) can still get its residual.
+        for g, v in zip(grads_in, vars_in):
+            if self._compresses(g) and self.compressor.error_feedback:
+                self.memory.residual(v, g.shape.num_elements(), with_momentum=self.compressor.momentum is not None)
+        reduced = self._graph_fn(grads_in, vars_in)
         out = list(grads)
         for i, r in zip(present, reduced):
             out[i] = r
         return out
+
+    def _densify(self, grad, var):
+        """With sparse_as_dense, IndexedSlices become dense tensors of the variable's static shape."""
+        if self.sparse_as_dense and isinstance(grad, tf.IndexedSlices):
+            return tf.reshape(tf.convert_to_tensor(grad), var.shape)
+        return grad
+
+    def _compresses(self, grad) -> bool:
+        return (not isinstance(grad, tf.IndexedSlices) and grad.dtype.is_floating
+                and self.compressor.compresses(grad.shape.num_elements()))
 
     # -- the graph ---------------------------------------------------------------------------------
 
@@ -116,51 +134,63 @@ class GradientExchange(tf.Module):
             process_set=self.process_set,
         )
 
-    def _exchange(self, grads, vars):  # noqa: A002
+    def _record(self, grads, vars):  # noqa: A002
+        """How each gradient will be exchanged (for describe())."""
         compressor = self.compressor
-        if self.sparse_as_dense:  # the variable's static shape survives the conversion
-            grads = [tf.reshape(tf.convert_to_tensor(g), v.shape) if isinstance(g, tf.IndexedSlices) else g
-                     for g, v in zip(grads, vars)]
-        out = [None] * len(grads)
         records = []
-        dense, compressed = [], []
         for i, (g, v) in enumerate(zip(grads, vars)):
             name = getattr(v, "name", f"grad_{i}")
+            size = int(v.shape.num_elements())
+            dense_bytes = g.dtype.size * size
             if isinstance(g, tf.IndexedSlices):
-                prescale, postscale = self._dense_factors()
-                out[i] = hvd.allreduce(g, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
-                                       process_set=self.process_set)
-                records.append(TensorRecord(name, int(g.values.shape.num_elements() or 0), "sparse allgather", 0, 0))
-                continue
-            size = int(g.shape.num_elements())
-            if compressor.compresses(size) and g.dtype.is_floating:
-                compressed.append(i)
-                strategy = f"{type(compressor).__name__} {compressor.collective}"
-                sent = compressor.payload_bytes(size)
+                records.append(TensorRecord(name, size, "sparse allgather", dense_bytes, -1))
+            elif self._compresses(g):
+                records.append(TensorRecord(name, size, f"{type(compressor).__name__} {compressor.collective}",
+                                            dense_bytes, compressor.payload_bytes(size)))
+            elif isinstance(compressor, FP16):
+                records.append(TensorRecord(name, size, "fp16 allreduce", dense_bytes, 2 * size))
             else:
-                dense.append(i)
-                strategy = "fp16 allreduce" if isinstance(compressor, FP16) else "allreduce"
-                sent = (2 if isinstance(compressor, FP16) else g.dtype.size) * size
-            records.append(TensorRecord(name, size, strategy, g.dtype.size * size, sent))
+                records.append(TensorRecord(name, size, "allreduce", dense_bytes, dense_bytes))
         self.records = tuple(records)
 
+    def _exchange(self, grads, vars):  # noqa: A002
+        self._record(grads, vars)
+        out = [None] * len(grads)
+        compressed = [i for i, g in enumerate(grads) if self._compresses(g)]
+        dense = [i for i, g in enumerate(grads) if i not in compressed and not isinstance(g, tf.IndexedSlices)]
+        prescale, postscale = self._dense_factors()
+        for i, g in enumerate(grads):
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = hvd.allreduce(g, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
+                                       process_set=self.process_set)
         for i, r in zip(dense, self._allreduce_dense([grads[i] for i in dense])):
             out[i] = r
         if compressed:
-            warm = compressor.warmup_steps > 0
-            reduced = (
-                tf.cond(self.step < compressor.warmup_steps,
-                        lambda: self._send_dense_with_residuals(grads, vars, compressed),
-                        lambda: self._send_compressed(grads, vars, compressed))
-                if warm else self._send_compressed(grads, vars, compressed)
-            )
+            accumulated = [self._accumulate(grads[i], vars[i]) for i in compressed]
+            if self.compressor.warmup_steps > 0:
+                reduced, memory = tf.cond(self.step < self.compressor.warmup_steps,
+                                          lambda: self._send_dense(accumulated),
+                                          lambda: self._send_compressed(accumulated))
+            else:
+                reduced, memory = self._send_compressed(accumulated)
+            if self.compressor.error_feedback:
+                # A step whose reduced gradients are not all finite is one a loss-scale optimizer
+                # skips: the memory stays as it was.
+                finite = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(r)))
+                          for r in list(reduced) + [o for o in out if o is not None]]
+                keep = tf.logical_not(tf.reduce_all(finite))
+                updates = []
+                for i, (new_residual, new_momentum) in zip(compressed, memory):
+                    updates += self._update_memory(vars[i], new_residual, new_momentum, keep)
+                with tf.control_dependencies(updates):
+                    reduced = [tf.identity(r) for r in reduced]
             for i, r in zip(compressed, reduced):
                 out[i] = tf.cast(tf.reshape(r, tf.shape(grads[i])), grads[i].dtype)
         self.step.assign_add(1)
         return out
 
     def _accumulate(self, grad, var):
-        """Flat float32 gradient plus memory; returns (accumulated, momentum or None)."""
+        """(flat float32 gradient plus memory, DGC momentum or None) of one compressed tensor."""
         compressor = self.compressor
         flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
         if not compressor.error_feedback:
@@ -172,8 +202,9 @@ class GradientExchange(tf.Module):
         momentum = compressor.momentum * self.memory.momentum(var, size) + flat
         return residual + momentum, momentum
 
-    def _update_memory(self, var, size, new_residual, new_momentum, keep):
+    def _update_memory(self, var, new_residual, new_momentum, keep):
         """Assigns the new memory of `var` unless `keep` (a bool tensor) says to leave it."""
+        size = int(new_residual.shape[0])
         residual = self.memory.residual(var, size, with_momentum=new_momentum is not None)
         updates = [residual.assign(tf.where(keep, residual, new_residual))]
         if new_momentum is not None:
@@ -181,56 +212,50 @@ class GradientExchange(tf.Module):
             updates.append(momentum.assign(tf.where(keep, momentum, new_momentum)))
         return updates
 
-    def _send_compressed(self, grads, vars, indices):  # noqa: A002
+    def _send_compressed(self, accumulated):
+        """Encodes, exchanges and decodes the accumulated tensors.
+
+        Returns (reduced tensors, [(new residual, new momentum or None)] or []). A non-finite value
+        anywhere in any worker's accumulated tensors makes every reduced tensor NaN, as a dense
+        allreduce would, even where the compressor did not send that value; the count of such
+        values rides along in the same grouped collective.
+        """
         compressor = self.compressor
         num_workers = self.process_set.size()
         worker = self.process_set.rank()
-        accumulated, encoded, memory = [], [], []
-        for position, i in enumerate(indices):
-            acc, momentum = self._accumulate(grads[i], vars[i])
-            seed = self.step * 65536 + position
-            enc = compressor.encode(acc, seed, worker)
-            accumulated.append(acc)
+        encoded, memory = [], []
+        for position, (acc, momentum) in enumerate(accumulated):
+            enc = compressor.encode(acc, self.step * 65536 + position, worker)
             encoded.append(enc)
             if compressor.error_feedback:
                 sent = compressor.decode_local(enc, int(acc.shape[0]))
                 new_momentum = None if momentum is None else tf.where(sent != 0, 0.0, momentum)
                 memory.append((acc - sent, new_momentum))
-        wires = [list(enc.wire) for enc in encoded]
-        flat_wires = [t for wire in wires for t in wire]
+        non_finite = tf.reshape(tf.add_n([tf.reduce_sum(tf.cast(~tf.math.is_finite(acc), tf.float32))
+                                          for acc, _ in accumulated]), [1])
+        wires = [t for enc in encoded for t in enc.wire] + [non_finite]
         if compressor.collective == "allreduce":
-            exchanged = _grouped_by_dtype(hvd.grouped_allreduce, flat_wires, op=hvd.Sum, process_set=self.process_set)
+            exchanged = _grouped_by_dtype(hvd.grouped_allreduce, wires, op=hvd.Sum, process_set=self.process_set)
         else:
-            exchanged = _grouped_by_dtype(hvd.grouped_allgather, flat_wires, process_set=self.process_set)
+            exchanged = _grouped_by_dtype(hvd.grouped_allgather, wires, process_set=self.process_set)
+        any_non_finite = tf.reduce_sum(exchanged[-1]) > 0
         reduced, start = [], 0
-        for enc, acc, wire in zip(encoded, accumulated, wires):
-            received = tuple(exchanged[start:start + len(wire)])
-            start += len(wire)
+        for enc, (acc, _) in zip(encoded, accumulated):
+            received = tuple(exchanged[start:start + len(enc.wire)])
+            start += len(enc.wire)
             total = compressor.decode_sum(received, enc.context, int(acc.shape[0]), num_workers)
-            reduced.append(total / num_workers if self.op == hvd.Average else total)
-        if compressor.error_feedback:
-            keep = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(r)) for r in reduced]))
-            updates = []
-            for i, acc, (new_residual, new_momentum) in zip(indices, accumulated, memory):
-                updates += self._update_memory(vars[i], int(acc.shape[0]), new_residual, new_momentum, keep)
-            with tf.control_dependencies(updates):
-                reduced = [tf.identity(r) for r in reduced]
-        return reduced
+            total = total / num_workers if self.op == hvd.Average else total
+            reduced.append(tf.where(any_non_finite, float("nan"), total))
+        return reduced, memory
 
-    def _send_dense_with_residuals(self, grads, vars, indices):  # noqa: A002
-        """Warm-up: send gradient plus residual dense; the residual is then empty."""
-        accumulated = [self._accumulate(grads[i], vars[i]) for i in indices]
-        reduced = self._allreduce_dense([acc for acc, _ in accumulated])
+    def _send_dense(self, accumulated):
+        """Warm-up: gradient plus residual sent dense; the memory is then empty."""
+        reduced = list(self._allreduce_dense([acc for acc, _ in accumulated]))
+        memory = []
         if self.compressor.error_feedback:
-            keep = tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(r)) for r in reduced]))
-            updates = []
-            for i, (acc, momentum) in zip(indices, accumulated):
-                zeros = tf.zeros_like(acc)
-                updates += self._update_memory(vars[i], int(acc.shape[0]), zeros,
-                                               None if momentum is None else zeros, keep)
-            with tf.control_dependencies(updates):
-                reduced = [tf.identity(r) for r in reduced]
-        return list(reduced)
+            memory = [(tf.zeros_like(acc), None if momentum is None else tf.zeros_like(acc))
+                      for acc, momentum in accumulated]
+        return reduced, memory
 
     def describe(self) -> str:
         """A table of how each gradient is exchanged and the bytes sent per step against dense."""
@@ -238,8 +263,10 @@ class GradientExchange(tf.Module):
             return "tfcomp: no gradients exchanged yet"
         lines = [f"{'tensor':40s} {'elements':>10s} {'strategy':>22s} {'dense B':>10s} {'sent B':>10s}"]
         for r in self.records:
-            lines.append(f"{r.name[:40]:40s} {r.elements:10d} {r.strategy:>22s} {r.dense_bytes:10d} {r.sent_bytes:10d}")
-        dense = sum(r.dense_bytes for r in self.records)
-        sent = sum(r.sent_bytes for r in self.records)
+            sent_text = "varies" if r.sent_bytes < 0 else str(r.sent_bytes)
+            lines.append(f"{r.name[:40]:40s} {r.elements:10d} {r.strategy:>22s} {r.dense_bytes:10d} {sent_text:>10s}")
+        known = [r for r in self.records if r.sent_bytes >= 0]
+        dense = sum(r.dense_bytes for r in known)
+        sent = sum(r.sent_bytes for r in known)
         lines.append(f"{'total':40s} {'':10s} {'':22s} {dense:10d} {sent:10d}  ({sent / max(dense, 1):.2%} of dense)")
         return "\n".join(lines)

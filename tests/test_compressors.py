@@ -1,0 +1,513 @@
+"""tfcomp.compressors: what every compressor's payload means (against NumPy), decode_sum on simulated
+K-worker collectives, payload sizes, hyper-parameter validation, as_compressor, equality and repr.
+
+No Horovod collective runs here: the K workers' allgather concatenation (or allreduce sum) is built by
+hand from K encodes with different `worker` values.
+"""
+
+import math
+import re
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcomp
+from tests import numpy_reference as ref
+from tests.helpers import random_gradient
+from tfcomp import compressors
+
+# Sizes not multiple of 8 (the sign packing), around and above the default min_elements (1024), and
+# one above DRAGONN's / DGC's default num_samples (65536) so that the threshold is sampled.
+SIZES = [1, 7, 13, 1000, 1029, 4099, 70_001]
+LARGE_SIZES = [s for s in SIZES if s >= 1000]
+
+SPARSE_AND_QUANTISED = {
+    "DRAGONN": lambda: tfcomp.DRAGONN(0.05),
+    "DRAGONN-slots3": lambda: tfcomp.DRAGONN(0.02, slots_per_element=3.0, num_samples=5000),
+    "DGC": lambda: tfcomp.DGC(0.05),
+    "DGC-sampled": lambda: tfcomp.DGC(0.03, num_samples=3000),
+    "TopK": lambda: tfcomp.TopK(0.05),
+    "RandomK": lambda: tfcomp.RandomK(0.05),
+    "EFSignSGD": lambda: tfcomp.EFSignSGD(),
+    "QSGD": lambda: tfcomp.QSGD(4),
+    "QSGD-1bit": lambda: tfcomp.QSGD(1),
+    "QSGD-7bit": lambda: tfcomp.QSGD(7),
+}
+
+
+def seed_tensor(seed: int) -> tf.Tensor:
+    return tf.constant(seed, tf.int64)
+
+
+def encode(compressor, g: np.ndarray, seed: int, worker: int = 0):
+    return compressor.encode(tf.constant(g), seed_tensor(seed), worker)
+
+
+def numpy_wire(encoded):
+    return [t.numpy() for t in encoded.wire]
+
+
+def hash_seed(seed: int, worker: int) -> int:
+    """The per-worker seed DRAGONN and DGC sample (and DRAGONN hashes) with: seed * 1_000_003 + worker
+    (int64, wrapping)."""
+    return int(np.int64(seed) * np.int64(1_000_003) + np.int64(worker))
+
+
+def k_of(ratio: float, size: int) -> int:
+    return max(1, math.floor(ratio * size + 0.5))
+
+
+def draw_seed(rng) -> int:
+    return int(rng.integers(0, 2**40))
+
+
+def threshold_of(compressor, g, seed, worker):
+    """The threshold the sparsifier's estimate returns (NumPy reference)."""
+    return ref.estimate_threshold(g, compressor.ratio, compressor.num_samples, hash_seed(seed, worker))
+
+
+def assert_sparse_payload_consistent(compressor, g, encoded, length):
+    """(values, indices) of `length`: empty slots (-1, 0), distinct indices, values == g[indices],
+    decode_local == the dense scatter."""
+    values, indices = numpy_wire(encoded)
+    assert values.dtype == np.float32 and indices.dtype == np.int32
+    assert values.shape == (length,) and indices.shape == (length,)
+    kept = indices >= 0
+    assert np.all(indices[kept] < g.size)
+    assert np.unique(indices[kept]).size == np.count_nonzero(kept), "an index was sent twice"
+    np.testing.assert_array_equal(values[kept], g[indices[kept]])
+    np.testing.assert_array_equal(values[~kept], 0)
+    expected = np.zeros(g.size, np.float32)
+    expected[indices[kept]] = values[kept]
+    np.testing.assert_array_equal(compressor.decode_local(encoded, g.size).numpy(), expected)
+    return values, indices
+
+
+# -- what each payload means -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("slots_per_element", [1.0, 2.5])
+def test_dragonn_payload(rng, size, slots_per_element):
+    compressor = tfcomp.DRAGONN(0.05, slots_per_element=slots_per_element)
+    g = random_gradient(rng, (size,), np.float32)
+    seed, worker = draw_seed(rng), int(rng.integers(0, 64))
+    encoded = encode(compressor, g, seed, worker)
+    num_slots = max(1, math.floor(slots_per_element * 0.05 * size + 0.5))
+    assert compressor.payload_length(size) == num_slots
+    values, indices = assert_sparse_payload_consistent(compressor, g, encoded, num_slots)
+    kept = indices[indices >= 0]
+    threshold = threshold_of(compressor, g, seed, worker)
+    assert np.all(np.abs(g[kept]) >= threshold), "an element below the threshold was sent"
+    assert kept.size >= 1
+    # The full payload, collision rule included, is the reference's for that threshold and seed.
+    expected_values, expected_indices = ref.dragonn_compress(g, threshold, num_slots, hash_seed(seed, worker))
+    np.testing.assert_array_equal(indices, expected_indices)
+    np.testing.assert_array_equal(values, expected_values)
+
+
+def test_dragonn_workers_and_seeds_hash_differently(rng):
+    compressor = tfcomp.DRAGONN(0.05)
+    g = random_gradient(rng, (20_000,), np.float32)
+    seed = draw_seed(rng)
+    payloads = {
+        (s, w): tuple(numpy_wire(encode(compressor, g, s, w))[1]) for s in (seed, seed + 1) for w in (0, 1)
+    }
+    assert payloads[(seed, 0)] == tuple(numpy_wire(encode(compressor, g, seed, 0))[1])  # deterministic
+    assert len(set(payloads.values())) == 4, "two (seed, worker) pairs gave the same DRAGONN payload"
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("num_samples", [65536, 500])
+def test_dgc_payload(rng, size, num_samples):
+    compressor = tfcomp.DGC(0.05, num_samples=num_samples)
+    g = random_gradient(rng, (size,), np.float32)
+    seed, worker = draw_seed(rng), int(rng.integers(0, 64))
+    encoded = encode(compressor, g, seed, worker)
+    k = k_of(0.05, size)
+    values, indices = assert_sparse_payload_consistent(compressor, g, encoded, k)
+    threshold = threshold_of(compressor, g, seed, worker)
+    chosen = np.flatnonzero(np.abs(g) >= threshold)[:k]  # the first k selected, in index order
+    np.testing.assert_array_equal(indices[: chosen.size], chosen)
+    np.testing.assert_array_equal(indices[chosen.size:], -1)
+    if num_samples >= size:  # exact threshold: exactly the k largest magnitudes (ties have measure 0)
+        assert chosen.size == k
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("ratio", [0.001, 0.05, 0.5, 1.0])
+def test_topk_payload_is_the_k_largest_magnitudes(rng, size, ratio):
+    compressor = tfcomp.TopK(ratio)
+    g = random_gradient(rng, (size,), np.float32)
+    encoded = encode(compressor, g, draw_seed(rng), int(rng.integers(0, 64)))
+    k = k_of(ratio, size)
+    values, indices = assert_sparse_payload_consistent(compressor, g, encoded, k)
+    expected = np.sort(np.argsort(-np.abs(g), kind="stable")[:k])
+    np.testing.assert_array_equal(np.sort(indices), expected)
+    assert np.all(indices >= 0)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_randomk_payload(rng, size):
+    compressor = tfcomp.RandomK(0.05)
+    g = random_gradient(rng, (size,), np.float32)
+    seed = draw_seed(rng)
+    encoded = encode(compressor, g, seed, worker=0)
+    k = k_of(0.05, size)
+    (values,) = numpy_wire(encoded)
+    indices = encoded.context.numpy()
+    assert values.dtype == np.float32 and values.shape == (k,)
+    assert indices.dtype == np.int32 and indices.shape == (k,)
+    assert np.all((indices >= 0) & (indices < size))
+    assert np.unique(indices).size == k, "RandomK drew an index twice"
+    np.testing.assert_array_equal(values, g[indices])
+    expected = np.zeros(size, np.float32)
+    expected[indices] = values
+    np.testing.assert_array_equal(compressor.decode_local(encoded, size).numpy(), expected)
+    # Same seed: the same indices on every worker (they are summed by allreduce), whatever g is.
+    other_g = random_gradient(rng, (size,), np.float32)
+    for worker in (1, 5, 1000):
+        other = encode(compressor, other_g, seed, worker)
+        np.testing.assert_array_equal(other.context.numpy(), indices)
+        np.testing.assert_array_equal(other.wire[0].numpy(), other_g[indices])
+    if size >= 1000:  # enough combinations that two seeds agreeing would be a bug
+        for other_seed in (seed + 1, seed ^ 0x5A):
+            assert not np.array_equal(encode(compressor, g, other_seed).context.numpy(), indices)
+
+
+# The exchange's per-step seeds are step * 65536 + position: consecutive steps differ only in bits >= 16.
+HIGH_BIT_SEED_CHANGES = [65536, 2**32, 1 << 20]
+
+
+@pytest.mark.parametrize("size", LARGE_SIZES)
+def test_randomk_indices_depend_on_the_whole_seed(rng, size):
+    compressor = tfcomp.RandomK(0.05)
+    g = random_gradient(rng, (size,), np.float32)
+    seed = draw_seed(rng)
+    indices = encode(compressor, g, seed).context.numpy()
+    same = [change for change in HIGH_BIT_SEED_CHANGES
+            if np.array_equal(encode(compressor, g, seed + change).context.numpy(), indices)]
+    assert not same, f"seeds {seed} and {seed} + {same} drew the same indices"
+
+
+def chi_square_of_index_counts(compressor, size, seeds, rng):
+    g = tf.constant(random_gradient(rng, (size,), np.float32))
+    counts = np.zeros(size)
+    for seed in seeds:
+        np.add.at(counts, compressor.encode(g, seed_tensor(seed), 0).context.numpy(), 1)
+    expected = len(seeds) * k_of(compressor.ratio, size) / size
+    return float(np.sum((counts - expected) ** 2 / expected)), expected
+
+
+def assert_chi_square_uniform(chi2, expected, size):
+    # For uniform draws chi2 ~ (size - 1) +- sqrt(2 (size - 1) + size / expected) (Poisson approximation,
+    # a little less spread for k draws without replacement); 7 of those standard deviations.
+    assert abs(chi2 - (size - 1)) < 7 * math.sqrt(2 * (size - 1) + size / expected), chi2
+
+
+def test_randomk_indices_are_uniform_over_consecutive_seeds(rng):
+    """Over many seeds every index is drawn about k/size of the time (chi-square on the counts)."""
+    size, trials = 500, 200
+    first = draw_seed(rng)
+    chi2, expected = chi_square_of_index_counts(tfcomp.RandomK(0.02), size, [first + t for t in range(trials)], rng)
+    assert_chi_square_uniform(chi2, expected, size)
+
+
+def test_randomk_indices_are_uniform_over_exchange_steps(rng):
+    """The same with the exchange's seeds, step * 65536 + position, over consecutive steps."""
+    size, trials = 500, 200
+    seeds = [step * 65536 + 3 for step in range(trials)]
+    chi2, expected = chi_square_of_index_counts(tfcomp.RandomK(0.02), size, seeds, rng)
+    assert_chi_square_uniform(chi2, expected, size)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_efsignsgd_payload(rng, size):
+    compressor = tfcomp.EFSignSGD()
+    g = random_gradient(rng, (size,), np.float32)
+    if size > 3:
+        g[rng.choice(size, 2, replace=False)] = [0.0, -0.0]  # zero counts as positive
+    encoded = encode(compressor, g, draw_seed(rng), int(rng.integers(0, 64)))
+    packed, scale = numpy_wire(encoded)
+    assert packed.dtype == np.uint8 and packed.shape == (-(-size // 8),)
+    assert scale.dtype == np.float32 and scale.shape == (1,)
+    np.testing.assert_allclose(scale[0], np.mean(np.abs(g.astype(np.float64))), rtol=1e-5)
+    signs = np.unpackbits(packed, bitorder="little")[:size]
+    np.testing.assert_array_equal(signs, (g >= 0).astype(np.uint8))
+    expected = np.where(g >= 0, scale[0], -scale[0]).astype(np.float32)
+    np.testing.assert_array_equal(compressor.decode_local(encoded, size).numpy(), expected)
+
+
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("bits", [1, 2, 4, 7])
+def test_qsgd_payload(rng, size, bits):
+    compressor = tfcomp.QSGD(bits)
+    s = 2**bits - 1
+    g = random_gradient(rng, (size,), np.float32)
+    if size > 3:
+        g[rng.integers(size)] = 0.0
+    encoded = encode(compressor, g, draw_seed(rng), int(rng.integers(0, 64)))
+    levels, norm = numpy_wire(encoded)
+    assert levels.dtype == np.int8 and levels.shape == (size,)
+    assert norm.dtype == np.float32 and norm.shape == (1,)
+    np.testing.assert_allclose(norm[0], np.linalg.norm(g.astype(np.float64)), rtol=1e-5)
+    assert np.all(np.abs(levels.astype(int)) <= s)
+    assert np.all((np.sign(levels) == np.sign(g)) | (levels == 0))
+    scaled = np.abs(g.astype(np.float64)) / norm[0] * s
+    # Each magnitude is rounded to one of its two neighbouring levels.
+    assert np.all(np.abs(np.abs(levels) - scaled) < 1 + 1e-5)
+    decoded = compressor.decode_local(encoded, size).numpy()
+    np.testing.assert_allclose(decoded, levels * (norm[0] / s), rtol=1e-6, atol=0)
+    step = norm[0] / s
+    assert np.all(np.abs(decoded - g) <= step * (1 + 1e-5)), "more than one quantisation step away"
+
+
+@pytest.mark.parametrize("bits", [1, 3])
+def test_qsgd_is_unbiased(rng, bits):
+    """The mean of decode_local over many seeds approaches g within a few standard errors."""
+    size, trials = 1000, 600
+    compressor = tfcomp.QSGD(bits)
+    s = 2**bits - 1
+    g = random_gradient(rng, (size,), np.float32, heavy_tail=False)
+    flat = tf.constant(g)
+    first = draw_seed(rng)
+    total = np.zeros(size)
+    for t in range(trials):
+        total += compressor.decode_local(compressor.encode(flat, seed_tensor(first + t), 3), size).numpy()
+    mean = total / trials
+    step = np.linalg.norm(g.astype(np.float64)) / s
+    p = np.abs(g) / step % 1.0  # probability of rounding up
+    std_error = step * np.sqrt(p * (1 - p) / trials)
+    # Per element: the number of trials rounded up is Binomial(trials, p); allow 6 standard deviations
+    # plus 6 counts (which covers the Poisson-like tail when trials * p is small) plus float32 rounding.
+    assert np.all(np.abs(mean - g) <= 6 * std_error + 6 * step / trials + 1e-5 * step)
+    # In aggregate: the standardised errors have mean 0 (a systematic bias would shift them all).
+    informative = (p > 0.02) & (p < 0.98)
+    z = (mean - g)[informative] / std_error[informative]
+    assert abs(z.mean()) * math.sqrt(z.size) < 5, z.mean()
+    assert abs((np.sign(g[informative]) * z).mean()) * math.sqrt(z.size) < 5  # no shrinkage / inflation
+
+
+def test_qsgd_noise_depends_on_seed_and_worker(rng):
+    compressor = tfcomp.QSGD(2)
+    g = random_gradient(rng, (5000,), np.float32)
+    seed = draw_seed(rng)
+    levels = {(s, w): numpy_wire(encode(compressor, g, s, w))[0] for s in (seed, seed + 1) for w in (0, 1)}
+    np.testing.assert_array_equal(numpy_wire(encode(compressor, g, seed, 0))[0], levels[(seed, 0)])
+    keys = list(levels)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            assert not np.array_equal(levels[a], levels[b]), f"{a} and {b} drew the same noise"
+
+
+def test_quantisers_of_a_zero_gradient_send_zeros():
+    zeros = np.zeros(1029, np.float32)
+    for compressor in (tfcomp.QSGD(4), tfcomp.EFSignSGD()):
+        decoded = compressor.decode_local(encode(compressor, zeros, 1), zeros.size).numpy()
+        assert np.all(decoded == 0) and np.all(np.isfinite(decoded)), type(compressor).__name__
+
+
+# -- decode_sum on simulated collectives and payload sizes -----------------------------------------
+
+
+def simulated_collective(compressor, encodeds):
+    """What Horovod hands back for each wire tensor: the K workers' tensors concatenated on dim 0
+    (allgather) or summed (allreduce)."""
+    per_tensor = zip(*[numpy_wire(e) for e in encodeds])
+    if compressor.collective == "allgather":
+        return tuple(tf.constant(np.concatenate(ts, axis=0)) for ts in per_tensor)
+    assert compressor.collective == "allreduce"
+    return tuple(tf.constant(np.sum(np.stack(ts), axis=0)) for ts in per_tensor)
+
+
+@pytest.mark.parametrize("name", list(SPARSE_AND_QUANTISED))
+@pytest.mark.parametrize("size", [7, 1029, 70_001])
+@pytest.mark.parametrize("num_workers", [1, 2, 5])
+def test_decode_sum_is_the_sum_of_local_decodes(rng, name, size, num_workers):
+    compressor = SPARSE_AND_QUANTISED[name]()
+    seed = draw_seed(rng)
+    encodeds = [encode(compressor, random_gradient(rng, (size,), np.float32), seed, worker)
+                for worker in range(num_workers)]
+    expected = np.sum([compressor.decode_local(e, size).numpy().astype(np.float64) for e in encodeds], axis=0)
+    wire = simulated_collective(compressor, encodeds)
+    total = compressor.decode_sum(wire, encodeds[0].context, size, num_workers).numpy()
+    assert total.shape == (size,) and total.dtype == np.float32
+    np.testing.assert_allclose(total, expected, rtol=1e-5, atol=1e-5 * np.max(np.abs(expected), initial=1.0))
+
+
+@pytest.mark.parametrize("name", list(SPARSE_AND_QUANTISED))
+@pytest.mark.parametrize("size", SIZES)
+def test_payload_bytes_are_the_wire_tensors_bytes(rng, name, size):
+    compressor = SPARSE_AND_QUANTISED[name]()
+    encoded = encode(compressor, random_gradient(rng, (size,), np.float32), draw_seed(rng), 1)
+    assert isinstance(encoded, compressors.Encoded)
+    sent = sum(t.numpy().nbytes for t in encoded.wire)
+    assert compressor.payload_bytes(size) == sent
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_documented_payload_sizes(size):
+    assert tfcomp.EFSignSGD().payload_bytes(size) == -(-size // 8) + 4
+    assert tfcomp.QSGD(3).payload_bytes(size) == size + 4
+    assert tfcomp.TopK(0.05).payload_bytes(size) == 8 * k_of(0.05, size)
+    assert tfcomp.DGC(0.05).payload_bytes(size) == 8 * k_of(0.05, size)
+    assert tfcomp.RandomK(0.05).payload_bytes(size) == 4 * k_of(0.05, size)
+    assert tfcomp.DRAGONN(0.05, slots_per_element=2.0).payload_bytes(size) == 8 * max(1, math.floor(0.1 * size + 0.5))
+    assert tfcomp.FP16().payload_bytes(size) == 2 * size
+    assert tfcomp.NoCompression().payload_bytes(size) == 4 * size
+
+
+@pytest.mark.parametrize("compressor", [tfcomp.FP16(), tfcomp.NoCompression()], ids=repr)
+def test_dense_compressors(compressor):
+    assert compressor.collective == "dense"
+    assert compressor.error_feedback is False and compressor.momentum is None
+    assert not any(compressor.compresses(size) for size in [1, 1024, 10**6])
+    with pytest.raises(NotImplementedError):
+        compressor.encode(tf.zeros([2048]), seed_tensor(1), 0)
+
+
+def test_compresses_follows_min_elements():
+    compressor = tfcomp.TopK(0.1, min_elements=100)
+    assert not compressor.compresses(99)
+    assert compressor.compresses(100) and compressor.compresses(10**6)
+    assert tfcomp.DRAGONN().compresses(1024) and not tfcomp.DRAGONN().compresses(1023)
+
+
+def test_defaults():
+    assert tfcomp.DRAGONN().ratio == 0.001 and tfcomp.DGC().ratio == 0.001 and tfcomp.TopK().ratio == 0.001
+    assert tfcomp.RandomK().ratio == 0.01 and tfcomp.QSGD().bits == 4
+    for c in (tfcomp.DRAGONN(), tfcomp.DGC(), tfcomp.TopK(), tfcomp.RandomK(), tfcomp.EFSignSGD()):
+        assert c.error_feedback is True and c.momentum is None and c.warmup_steps == 0 and c.min_elements == 1024
+    assert tfcomp.QSGD().error_feedback is False
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+RATIO_COMPRESSORS = [tfcomp.DRAGONN, tfcomp.DGC, tfcomp.TopK, tfcomp.RandomK]
+NON_DENSE = RATIO_COMPRESSORS + [tfcomp.EFSignSGD, tfcomp.QSGD]
+
+BAD_ARGUMENTS = (
+    [(cls, "ratio", {"ratio": bad}, bad) for cls in RATIO_COMPRESSORS for bad in (0, 0.0, 1.5, -1, "x", True, None)]
+    + [(cls, "num_samples", {"num_samples": bad}, bad) for cls in (tfcomp.DRAGONN, tfcomp.DGC) for bad in (0, -3, 2.5)]
+    + [(tfcomp.QSGD, "bits", {"bits": bad}, bad) for bad in (0, 8, -1, 4.0, True)]
+    + [(cls, "momentum", {"momentum": bad}, bad) for cls in NON_DENSE for bad in (1.0, -0.1, 2, "0.9", True)]
+    + [(cls, "warmup_steps", {"warmup_steps": bad}, bad) for cls in NON_DENSE for bad in (-1, 1.5)]
+    + [(cls, "min_elements", {"min_elements": bad}, bad) for cls in NON_DENSE for bad in (0, -5)]
+    + [(cls, "error_feedback", {"error_feedback": bad}, bad) for cls in NON_DENSE for bad in (1, "yes", None)]
+    + [(tfcomp.DRAGONN, "slots_per_element", {"slots_per_element": bad}, bad) for bad in (0, -1.0, "x", True)]
+)
+
+
+@pytest.mark.parametrize(
+    "cls, argument, kwargs, bad", BAD_ARGUMENTS, ids=[f"{c.__name__}-{k}" for c, _, k, _ in BAD_ARGUMENTS]
+)
+def test_bad_hyper_parameter_names_argument_and_value(cls, argument, kwargs, bad):
+    with pytest.raises(ValueError) as caught:
+        cls(**kwargs)
+    message = str(caught.value)
+    assert argument in message, message
+    assert repr(bad) in message, message
+
+
+@pytest.mark.parametrize("cls", NON_DENSE, ids=lambda c: c.__name__)
+def test_momentum_needs_error_feedback(cls):
+    with pytest.raises(ValueError, match=r"momentum.*error_feedback|error_feedback.*momentum"):
+        cls(momentum=0.9, error_feedback=False)
+    assert cls(momentum=0.9, error_feedback=True).momentum == 0.9
+    assert cls(momentum=0, error_feedback=True).momentum == 0.0
+
+
+def test_qsgd_momentum_without_error_feedback_by_default():
+    with pytest.raises(ValueError, match="error_feedback"):
+        tfcomp.QSGD(momentum=0.5)  # QSGD's error feedback is off by default
+
+
+def test_good_hyper_parameters_are_accepted():
+    assert tfcomp.DRAGONN(1).ratio == 1.0 and isinstance(tfcomp.DRAGONN(1).ratio, float)
+    assert tfcomp.TopK(1e-9).ratio == 1e-9
+    assert tfcomp.QSGD(1).bits == 1 and tfcomp.QSGD(7).bits == 7
+    assert tfcomp.DRAGONN(slots_per_element=2).slots_per_element == 2.0
+    assert tfcomp.DGC(num_samples=1, warmup_steps=3, min_elements=1).warmup_steps == 3
+
+
+# -- as_compressor ---------------------------------------------------------------------------------
+
+
+def test_as_compressor_maps_horovod_compression():
+    assert isinstance(compressors.as_compressor(hvd.Compression.none), tfcomp.NoCompression)
+    assert isinstance(compressors.as_compressor(hvd.Compression.fp16), tfcomp.FP16)
+    assert compressors.as_compressor(hvd.Compression.fp16) == tfcomp.FP16()
+    assert isinstance(compressors.as_compressor(None), tfcomp.NoCompression)
+
+
+@pytest.mark.parametrize("compressor", [tfcomp.DRAGONN(0.01), tfcomp.QSGD(2), tfcomp.FP16(), tfcomp.NoCompression()],
+                         ids=repr)
+def test_as_compressor_passes_compressors_through(compressor):
+    assert compressors.as_compressor(compressor) is compressor
+
+
+class _NotACompressor:
+    def __repr__(self):
+        return "<the thing given>"
+
+
+@pytest.mark.parametrize("thing", ["fp16", "none", 3, 0.01, _NotACompressor(), tfcomp.DRAGONN, hvd.Compression],
+                         ids=repr)
+def test_as_compressor_rejects_other_things(thing):
+    with pytest.raises(TypeError) as caught:
+        compressors.as_compressor(thing)
+    assert repr(thing) in str(caught.value)
+
+
+# -- equality, hash, repr --------------------------------------------------------------------------
+
+
+def test_equality_and_hash():
+    assert tfcomp.DRAGONN(0.01) == tfcomp.DRAGONN(ratio=0.01)
+    assert hash(tfcomp.DRAGONN(0.01)) == hash(tfcomp.DRAGONN(ratio=0.01))
+    assert tfcomp.DRAGONN(1) == tfcomp.DRAGONN(1.0) and hash(tfcomp.DRAGONN(1)) == hash(tfcomp.DRAGONN(1.0))
+    assert tfcomp.DRAGONN(0.01) != tfcomp.DRAGONN(0.02)
+    assert tfcomp.DRAGONN(0.01) != tfcomp.DRAGONN(0.01, slots_per_element=2)
+    assert tfcomp.DRAGONN(0.01) != tfcomp.DRAGONN(0.01, warmup_steps=1)
+    assert tfcomp.DRAGONN(0.01) != tfcomp.DGC(0.01)  # same hyper-parameters, another compressor
+    assert tfcomp.TopK(0.01) != tfcomp.RandomK(0.01)
+    assert tfcomp.QSGD(4) != tfcomp.QSGD(4, error_feedback=True)
+    assert tfcomp.FP16() == tfcomp.FP16() and tfcomp.FP16() != tfcomp.NoCompression()
+    assert tfcomp.DGC(0.01, momentum=0.9) != tfcomp.DGC(0.01)
+    assert tfcomp.DRAGONN() != "DRAGONN" and tfcomp.DRAGONN() != None  # noqa: E711
+    assert len({tfcomp.DRAGONN(0.01), tfcomp.DRAGONN(0.01), tfcomp.DGC(0.01), tfcomp.FP16(), tfcomp.FP16()}) == 3
+
+
+@pytest.mark.parametrize(
+    "compressor",
+    [tfcomp.DRAGONN(0.01, slots_per_element=2, num_samples=100, momentum=0.9, warmup_steps=2, min_elements=10),
+     tfcomp.DGC(0.02, num_samples=7), tfcomp.TopK(0.5, error_feedback=False), tfcomp.RandomK(0.1, min_elements=3),
+     tfcomp.EFSignSGD(warmup_steps=1), tfcomp.QSGD(3, error_feedback=True, momentum=0.5)],
+    ids=lambda c: type(c).__name__,
+)
+def test_repr_shows_every_hyper_parameter_and_round_trips(compressor):
+    text = repr(compressor)
+    assert text.startswith(f"tfcomp.{type(compressor).__name__}(")
+    for key, value in compressor.get_config().items():
+        assert f"{key}={value!r}" in text
+    assert eval(text, {"tfcomp": tfcomp}) == compressor  # noqa: S307
+
+
+@pytest.mark.parametrize("compressor", [tfcomp.FP16(), tfcomp.NoCompression()], ids=lambda c: type(c).__name__)
+def test_repr_of_dense_compressors_round_trips(compressor):
+    assert eval(repr(compressor), {"tfcomp": tfcomp}) == compressor  # noqa: S307
+
+
+def test_get_config_holds_no_private_state(rng):
+    compressor = tfcomp.DRAGONN(0.05)
+    before = compressor.get_config()
+    encode(compressor, random_gradient(rng, (2000,), np.float32), 1)
+    assert compressor.get_config() == before
+    assert not any(re.match(r"_", key) for key in before)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,599 @@
+"""tfcomp.GradientExchange in one process: Horovod initialised in-process as a world of size 1, the
+exchange called directly as `exchange(grads, vars)`, its collectives running over that one rank.
+
+With one worker the reduced gradient of a compressed tensor is exactly what this worker sent, so error
+feedback must conserve every element's mass: reduced + new residual == gradient + old residual.
+"""
+
+import math
+import sys
+
+import horovod.tensorflow as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcomp
+from tests.helpers import assert_same_bits, random_gradient
+
+MIN_ELEMENTS = 1000
+# name -> shape; the first three are compressed (>= MIN_ELEMENTS elements), the last two go dense.
+SHAPES = {"kernel": (40, 50), "long": (3001,), "cube": (7, 11, 13), "bias": (10,), "small": (5, 6)}
+COMPRESSED = ("kernel", "long", "cube")
+DENSE = ("bias", "small")
+EMBEDDING_SHAPE = (20, 8)
+RATIO = 0.05
+
+COMPRESSORS = {
+    "DRAGONN": lambda **kw: tfcomp.DRAGONN(RATIO, min_elements=MIN_ELEMENTS, **kw),
+    "DRAGONN-sampled": lambda **kw: tfcomp.DRAGONN(RATIO, num_samples=300, slots_per_element=2, min_elements=MIN_ELEMENTS, **kw),
+    "DGC": lambda **kw: tfcomp.DGC(RATIO, min_elements=MIN_ELEMENTS, **kw),
+    "TopK": lambda **kw: tfcomp.TopK(RATIO, min_elements=MIN_ELEMENTS, **kw),
+    "RandomK": lambda **kw: tfcomp.RandomK(RATIO, min_elements=MIN_ELEMENTS, **kw),
+    "EFSignSGD": lambda **kw: tfcomp.EFSignSGD(min_elements=MIN_ELEMENTS, **kw),
+    "QSGD": lambda **kw: tfcomp.QSGD(4, error_feedback=True, min_elements=MIN_ELEMENTS, **kw),
+}
+SPARSIFIERS = ("DRAGONN", "DRAGONN-sampled", "DGC", "TopK", "RandomK")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod_world_of_one():
+    hvd.init()
+    assert hvd.size() == 1 and hvd.rank() == 0
+    yield
+
+
+class Problem:
+    """Variables of several shapes (three compressed, two dense) and an embedding whose gradient is a
+    tf.IndexedSlices; fresh random gradients for them on every `grads()`."""
+
+    def __init__(self, rng, with_embedding=True):
+        self.rng = rng
+        self.vars = {name: tf.Variable(tf.zeros(shape), name=name) for name, shape in SHAPES.items()}
+        self.embedding = tf.Variable(tf.zeros(EMBEDDING_SHAPE), name="embedding") if with_embedding else None
+
+    def variables(self):
+        return list(self.vars.values()) + ([self.embedding] if self.embedding is not None else [])
+
+    def grads(self):
+        """{name: float32 array} and, with an embedding, the IndexedSlices last."""
+        grads = {name: random_gradient(self.rng, shape, np.float32) for name, shape in SHAPES.items()}
+        slices = None
+        if self.embedding is not None:
+            rows = self.rng.integers(0, EMBEDDING_SHAPE[0], size=6)  # duplicates allowed
+            slices = tf.IndexedSlices(tf.constant(random_gradient(self.rng, (6, EMBEDDING_SHAPE[1]), np.float32)),
+                                      tf.constant(rows, tf.int64), tf.constant(EMBEDDING_SHAPE, tf.int64))
+        return grads, slices
+
+    def call(self, exchange, grads, slices):
+        """Runs the exchange; returns ({name: reduced array}, reduced IndexedSlices or None)."""
+        tensors = [tf.constant(grads[name]) for name in SHAPES] + ([slices] if slices is not None else [])
+        out = exchange(tensors, self.variables())
+        assert len(out) == len(tensors)
+        reduced = {name: out[i] for i, name in enumerate(SHAPES)}
+        for name, r in reduced.items():
+            assert isinstance(r, tf.Tensor) and r.dtype == tf.float32 and tuple(r.shape) == SHAPES[name]
+        return {name: r.numpy() for name, r in reduced.items()}, (out[-1] if slices is not None else None)
+
+
+def size_of(name):
+    return math.prod(SHAPES[name])
+
+
+def residual(exchange, var):
+    return exchange.memory.residual(var, var.shape.num_elements()).numpy().reshape(var.shape)
+
+
+def momentum(exchange, var):
+    return exchange.memory.momentum(var, var.shape.num_elements()).numpy().reshape(var.shape)
+
+
+def assert_slices_pass_through(reduced, slices):
+    assert isinstance(reduced, tf.IndexedSlices)
+    np.testing.assert_array_equal(reduced.indices.numpy(), slices.indices.numpy())
+    assert_same_bits(reduced.values.numpy(), slices.values.numpy())
+    np.testing.assert_array_equal(reduced.dense_shape.numpy(), EMBEDDING_SHAPE)
+
+
+def assert_looks_compressed(compressor, reduced, accumulated):
+    """reduced is one worker's payload of `accumulated`, not the dense tensor."""
+    flat, acc = reduced.reshape(-1), accumulated.reshape(-1).astype(np.float64)
+    name = type(compressor).__name__
+    if name in ("DRAGONN", "DGC", "TopK", "RandomK"):
+        limit = compressor.payload_bytes(acc.size) // (4 if name == "RandomK" else 8)  # entries sent
+        assert 1 <= np.count_nonzero(flat) <= limit
+    elif name == "EFSignSGD":
+        np.testing.assert_allclose(np.abs(flat), np.mean(np.abs(acc)), rtol=1e-5)
+        assert np.all((flat >= 0) == (acc >= 0))
+    elif name == "QSGD":
+        step = np.linalg.norm(acc) / (2**compressor.bits - 1)
+        levels = flat / step
+        np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
+        assert np.all(np.abs(flat - acc) <= step * (1 + 1e-4))
+    else:
+        raise AssertionError(name)
+
+
+def assert_mass_conserved(name, reduced, new_residual, expected_total):
+    """reduced + new_residual == expected_total; for sparsifiers exactly and on disjoint supports."""
+    scale = float(np.max(np.abs(expected_total)))
+    np.testing.assert_allclose(reduced + new_residual, expected_total, rtol=1e-6, atol=1e-6 * scale)
+    if name in SPARSIFIERS:
+        sent = reduced != 0
+        np.testing.assert_array_equal(new_residual[sent], 0.0)
+        np.testing.assert_array_equal(reduced[sent], expected_total[sent])
+        np.testing.assert_array_equal(new_residual[~sent], expected_total[~sent])
+
+
+# -- (a) error feedback conserves mass, (d) small tensors dense, IndexedSlices ------------------------
+
+
+@pytest.mark.parametrize("name", list(COMPRESSORS))
+def test_error_feedback_conserves_mass(rng, name):
+    compressor = COMPRESSORS[name]()
+    exchange = tfcomp.GradientExchange(compressor)
+    problem = Problem(rng)
+    old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    for step in range(4):
+        grads, slices = problem.grads()
+        reduced, reduced_slices = problem.call(exchange, grads, slices)
+        assert int(exchange.step.numpy()) == step + 1
+        for n in COMPRESSED:
+            new = residual(exchange, problem.vars[n])
+            accumulated = grads[n] + old[n]  # float32, as the exchange adds them
+            assert_mass_conserved(name, reduced[n], new, accumulated)
+            assert_looks_compressed(compressor, reduced[n], accumulated)
+            old[n] = new
+        for n in DENSE:  # (d): exactly what the dense allreduce of one worker returns
+            assert_same_bits(reduced[n], grads[n])
+        assert_slices_pass_through(reduced_slices, slices)
+    # Memory exists for the compressed tensors only (no residual for dense tensors or slices).
+    assert sorted(v.shape.num_elements() for v in exchange.memory.residuals) == sorted(size_of(n) for n in COMPRESSED)
+    assert all(m.shape.num_elements() == 0 for m in exchange.memory.momenta)
+
+
+@pytest.mark.parametrize("name", ["DGC", "DRAGONN", "TopK", "RandomK"])
+def test_momentum_correction(rng, name):
+    """DGC momentum correction: u <- 0.9 u + g; v <- v + u; send part of v; v and u are zeroed where
+    something was sent: sent + v_new == v_old + u_new, u_stored == u_new where nothing was sent."""
+    factor = 0.9
+    exchange = tfcomp.GradientExchange(COMPRESSORS[name](momentum=factor))
+    problem = Problem(rng)
+    u_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    v_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    for _ in range(4):
+        grads, slices = problem.grads()
+        reduced, reduced_slices = problem.call(exchange, grads, slices)
+        for n in COMPRESSED:
+            var = problem.vars[n]
+            u_new = np.float32(factor) * u_old[n] + grads[n]
+            v_new, u_stored = residual(exchange, var), momentum(exchange, var)
+            assert_mass_conserved(name, reduced[n], v_new, v_old[n] + u_new)
+            sent = reduced[n] != 0
+            assert np.any(sent) and not np.all(sent)
+            np.testing.assert_array_equal(u_stored[sent], 0.0)
+            np.testing.assert_allclose(u_stored[~sent], u_new[~sent], rtol=1e-6, atol=1e-6)
+            u_old[n], v_old[n] = u_stored, v_new
+        for n in DENSE:
+            assert_same_bits(reduced[n], grads[n])
+        assert_slices_pass_through(reduced_slices, slices)
+
+
+# -- (b) dense compressors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compressor", [tfcomp.NoCompression(), tfcomp.FP16()], ids=lambda c: type(c).__name__)
+@pytest.mark.parametrize("op", [hvd.Average, hvd.Sum], ids=["Average", "Sum"])
+def test_dense_compressors_give_the_gradient_back(rng, compressor, op):
+    exchange = tfcomp.GradientExchange(compressor, op=op)
+    problem = Problem(rng)
+    for step in range(2):
+        grads, slices = problem.grads()
+        reduced, reduced_slices = problem.call(exchange, grads, slices)
+        for n in SHAPES:
+            expected = grads[n] if isinstance(compressor, tfcomp.NoCompression) else grads[n].astype(np.float16).astype(np.float32)
+            assert_same_bits(reduced[n], expected)
+        assert_slices_pass_through(reduced_slices, slices)
+        assert int(exchange.step.numpy()) == step + 1
+    assert len(exchange.memory.residuals) == 0
+    strategies = {r.strategy for r in exchange.records}
+    assert strategies == {"sparse allgather", "fp16 allreduce" if isinstance(compressor, tfcomp.FP16) else "allreduce"}
+
+
+@pytest.mark.parametrize("name", list(COMPRESSORS))
+def test_sum_equals_average_for_one_worker(rng, name):
+    problem = Problem(rng, with_embedding=False)
+    grads, _ = problem.grads()
+    average, _ = problem.call(tfcomp.GradientExchange(COMPRESSORS[name]()), grads, None)
+    total, _ = problem.call(tfcomp.GradientExchange(COMPRESSORS[name](), op=hvd.Sum), grads, None)
+    for n in SHAPES:
+        assert_same_bits(total[n], average[n])
+
+
+# -- (c) DRAGONN with room for everything ------------------------------------------------------------
+
+
+def test_dragonn_with_ratio_one_and_many_slots_sends_everything(rng):
+    # 4 elements into 4 * 2**18 slots: a collision has probability about 6 / 2**20.
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(1.0, slots_per_element=2**18, min_elements=1))
+    var = tf.Variable(tf.zeros([2, 2]))
+    for _ in range(2):
+        g = random_gradient(rng, (2, 2), np.float32)
+        (reduced,) = exchange([tf.constant(g)], [var])
+        assert_same_bits(reduced.numpy(), g)
+        np.testing.assert_array_equal(residual(exchange, var), 0.0)
+
+
+def test_dragonn_with_ratio_one_loses_only_collisions(rng):
+    size, slots_per_element = 1000, 64
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(1.0, slots_per_element=slots_per_element, min_elements=1))
+    var = tf.Variable(tf.zeros([size]))
+    old = np.zeros(size, np.float32)
+    for _ in range(3):
+        g = random_gradient(rng, (size,), np.float32)
+        (reduced,) = exchange([tf.constant(g)], [var])
+        reduced, new = reduced.numpy(), residual(exchange, var)
+        assert_mass_conserved("DRAGONN", reduced, new, g + old)
+        # Everything is selected; only elements that lost a slot collision stay behind. Expected losses
+        # about size / (2 * slots_per_element) = 8; far more would mean elements are dropped.
+        lost = np.count_nonzero(new)
+        assert lost <= 60, lost
+        old = new
+
+
+# -- (d) tensors below min_elements ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(COMPRESSORS))
+def test_small_tensors_go_dense_and_have_no_residual(rng, name):
+    exchange = tfcomp.GradientExchange(COMPRESSORS[name]())
+    shapes = [(MIN_ELEMENTS - 1,), (3, 7), (1,)]
+    variables = [tf.Variable(tf.zeros(s)) for s in shapes]
+    for _ in range(2):
+        grads = [random_gradient(rng, s, np.float32) for s in shapes]
+        out = exchange([tf.constant(g) for g in grads], variables)
+        for g, r in zip(grads, out):
+            assert_same_bits(r.numpy(), g)
+    assert len(exchange.memory.residuals) == 0
+    assert [r.strategy for r in exchange.records] == ["allreduce"] * 3
+
+
+def test_records_describe_each_tensor(rng):
+    compressor = COMPRESSORS["DRAGONN"]()
+    exchange = tfcomp.GradientExchange(compressor)
+    problem = Problem(rng)
+    assert "no gradients" in exchange.describe()
+    problem.call(exchange, *problem.grads())
+    records = {r.name.split(":")[0]: r for r in exchange.records}
+    for n in COMPRESSED:
+        assert records[n].strategy == "DRAGONN allgather" and records[n].elements == size_of(n)
+        assert records[n].dense_bytes == 4 * size_of(n) and records[n].sent_bytes == compressor.payload_bytes(size_of(n))
+    for n in DENSE:
+        assert records[n].strategy == "allreduce" and records[n].sent_bytes == records[n].dense_bytes == 4 * size_of(n)
+    assert records["embedding"].strategy == "sparse allgather"
+    assert "total" in exchange.describe()
+
+
+def test_argument_checks(rng):
+    with pytest.raises(ValueError, match="op"):
+        tfcomp.GradientExchange(tfcomp.DRAGONN(), op=hvd.Adasum)
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN())
+    with pytest.raises(ValueError, match="variables"):
+        exchange([tf.zeros([3])])
+
+
+def test_none_gradients_pass_through(rng):
+    exchange = tfcomp.GradientExchange(COMPRESSORS["TopK"]())
+    big, small = tf.Variable(tf.zeros([2000])), tf.Variable(tf.zeros([5]))
+    g = random_gradient(rng, (2000,), np.float32)
+    out = exchange([None, tf.constant(g)], [small, big])
+    assert out[0] is None
+    np.testing.assert_allclose(out[1].numpy() + residual(exchange, big), g)
+
+
+def test_a_variable_can_join_on_a_later_call(rng):
+    exchange = tfcomp.GradientExchange(COMPRESSORS["TopK"]())
+    first, late = tf.Variable(tf.zeros([2000])), tf.Variable(tf.zeros([3000]))
+    exchange([tf.constant(random_gradient(rng, (2000,), np.float32))], [first])
+    g = random_gradient(rng, (3000,), np.float32)
+    out = exchange([tf.constant(random_gradient(rng, (2000,), np.float32)), tf.constant(g)], [first, late])
+    np.testing.assert_allclose(out[1].numpy() + residual(exchange, late), g)
+
+
+# -- (e) warm-up -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["DRAGONN", "TopK", "EFSignSGD", "DGC-momentum"])
+def test_warmup_sends_dense_then_compresses(rng, name):
+    compressor = (COMPRESSORS["DGC"](momentum=0.9, warmup_steps=2) if name == "DGC-momentum"
+                  else COMPRESSORS[name](warmup_steps=2))
+    with_momentum = compressor.momentum is not None
+    exchange = tfcomp.GradientExchange(compressor)
+    problem = Problem(rng)
+    # A residual left from earlier (as after a restore): warm-up sends it along and clears it.
+    leftover = {}
+    for n in COMPRESSED:
+        var = problem.vars[n]
+        leftover[n] = random_gradient(rng, SHAPES[n], np.float32)
+        exchange.memory.residual(var, size_of(n), with_momentum=with_momentum).assign(leftover[n].reshape(-1))
+        if with_momentum:
+            exchange.memory.momentum(var, size_of(n)).assign(random_gradient(rng, (size_of(n),), np.float32))
+    for step in range(2):
+        grads, slices = problem.grads()
+        momenta = {n: momentum(exchange, problem.vars[n]) for n in COMPRESSED} if with_momentum else None
+        reduced, reduced_slices = problem.call(exchange, grads, slices)
+        for n in COMPRESSED:
+            expected = grads[n] + leftover[n]
+            if with_momentum:
+                expected = leftover[n] + (np.float32(0.9) * momenta[n] + grads[n])
+            np.testing.assert_allclose(reduced[n], expected, rtol=1e-6, atol=1e-6)
+            leftover[n] = np.zeros(SHAPES[n], np.float32)
+            np.testing.assert_array_equal(residual(exchange, problem.vars[n]), 0.0)
+            if with_momentum:
+                np.testing.assert_array_equal(momentum(exchange, problem.vars[n]), 0.0)
+        for n in DENSE:
+            assert_same_bits(reduced[n], grads[n])
+        assert_slices_pass_through(reduced_slices, slices)
+        assert int(exchange.step.numpy()) == step + 1
+    grads, slices = problem.grads()
+    reduced, _ = problem.call(exchange, grads, slices)
+    for n in COMPRESSED:
+        new = residual(exchange, problem.vars[n])
+        assert_mass_conserved(name if name in SPARSIFIERS else "", reduced[n], new, grads[n])
+        assert np.count_nonzero(new) > 0
+        assert_looks_compressed(compressor, reduced[n], grads[n])
+
+
+# -- (f) non-finite gradients ----------------------------------------------------------------------
+
+NAN_CASES = {
+    "DRAGONN": lambda: COMPRESSORS["DRAGONN"](),
+    "DGC": lambda: COMPRESSORS["DGC"](),  # NaN at index 0: within the first k selected, so sent
+    "DGC-momentum": lambda: COMPRESSORS["DGC"](momentum=0.9),
+    "TopK": lambda: COMPRESSORS["TopK"](),
+    "RandomK": lambda: COMPRESSORS["RandomK"](),  # NaN at an index drawn that step (see below)
+    "EFSignSGD": lambda: COMPRESSORS["EFSignSGD"](),
+    "QSGD": lambda: COMPRESSORS["QSGD"](),
+    "DRAGONN-warmup": lambda: COMPRESSORS["DRAGONN"](warmup_steps=2),
+}
+
+
+def drawn_indices(rng, compressor, target, step):
+    """The flat indices of SHAPES[target] a RandomK exchange sends at `step`: they depend only on the
+    step, the tensor's position among the compressed ones and its size, so a dry run shows them."""
+    dry = tfcomp.GradientExchange(type(compressor)(**compressor.get_config()))
+    problem = Problem(rng)
+    for _ in range(step + 1):
+        grads, slices = problem.grads()
+        reduced, _ = problem.call(dry, grads, slices)
+    return np.flatnonzero(reduced[target].reshape(-1))
+
+
+def memory_snapshot(exchange):
+    return [v.numpy().copy() for v in exchange.memory.residuals] + [m.numpy().copy() for m in exchange.memory.momenta]
+
+
+def assert_memory_unchanged(exchange, before):
+    after = memory_snapshot(exchange)
+    assert len(after) == len(before)
+    for a, b in zip(after, before):
+        assert_same_bits(a, b)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("case", list(NAN_CASES))
+def test_non_finite_gradient_leaves_memory_unchanged(rng, case, bad):
+    compressor = NAN_CASES[case]()
+    exchange = tfcomp.GradientExchange(compressor)
+    problem = Problem(rng)
+    problem.call(exchange, *problem.grads())  # a step that leaves residuals
+    if compressor.warmup_steps:
+        problem.call(exchange, *problem.grads())
+        problem.call(exchange, *problem.grads())
+    before = memory_snapshot(exchange)
+    assert any(np.any(b != 0) for b in before)
+    grads, slices = problem.grads()
+    target = "long"
+    position = int(rng.integers(size_of(target)))
+    if case.startswith("DGC"):
+        position = 0  # within the first k selected elements in index order, so it is sent
+    elif case == "RandomK":
+        position = int(rng.choice(drawn_indices(rng, compressor, target, int(exchange.step.numpy()))))
+    grads[target].reshape(-1)[position] = bad
+    step = int(exchange.step.numpy())
+    reduced, _ = problem.call(exchange, grads, slices)
+    assert not np.all(np.isfinite(reduced[target]))
+    assert_memory_unchanged(exchange, before)
+    assert int(exchange.step.numpy()) == step + 1  # the step counter still advances
+    if compressor.momentum is not None:
+        return  # the momentum bookkeeping of the next step is test_momentum_correction's
+    # The next finite step goes on from the kept residuals.
+    old = {n: residual(exchange, problem.vars[n]) for n in COMPRESSED}
+    grads, slices = problem.grads()
+    reduced, _ = problem.call(exchange, grads, slices)
+    for n in COMPRESSED:
+        assert_mass_conserved(case.split("-")[0], reduced[n], residual(exchange, problem.vars[n]), grads[n] + old[n])
+
+
+@pytest.mark.parametrize("where", ["dense", "slices"])
+def test_non_finite_dense_or_sparse_gradient_leaves_memory_unchanged(rng, where):
+    exchange = tfcomp.GradientExchange(COMPRESSORS["TopK"]())
+    problem = Problem(rng)
+    problem.call(exchange, *problem.grads())
+    before = memory_snapshot(exchange)
+    grads, slices = problem.grads()
+    if where == "dense":
+        grads["bias"][3] = np.nan
+    else:
+        values = slices.values.numpy()
+        values[2, 1] = np.nan
+        slices = tf.IndexedSlices(tf.constant(values), slices.indices, slices.dense_shape)
+    reduced, reduced_slices = problem.call(exchange, grads, slices)
+    if where == "dense":
+        assert np.isnan(reduced["bias"][3])
+    else:
+        assert not np.all(np.isfinite(reduced_slices.values.numpy()))
+    assert_memory_unchanged(exchange, before)
+
+
+@pytest.mark.parametrize("case", ["RandomK", "DGC"])
+def test_non_finite_element_that_is_not_sent_still_reaches_the_sum_and_spares_memory(rng, case):
+    """A NaN the compressor does not send (RandomK: not drawn; DGC: beyond the first k selected) still
+    makes the reduced tensor non-finite, as a dense allreduce would, and never enters the residual."""
+    size = 3000
+    first_grad = random_gradient(rng, (size,), np.float32)
+    second_grad = random_gradient(rng, (size,), np.float32)
+
+    def run(second):
+        exchange = tfcomp.GradientExchange(COMPRESSORS[case]())
+        var = tf.Variable(tf.zeros([size]))
+        exchange([tf.constant(first_grad)], [var])
+        before = residual(exchange, var)
+        (reduced,) = exchange([tf.constant(second)], [var])
+        return reduced.numpy(), before, residual(exchange, var)
+
+    if case == "RandomK":
+        # The indices depend only on the step, the tensor's position and its size: a dry run shows which
+        # elements the second step sends; the NaN goes to one it does not.
+        reduced, _, _ = run(second_grad)
+        position = int(np.flatnonzero(reduced == 0)[0])
+    else:
+        # The threshold is exact (num_samples >= size): k finite elements reach it, plus the NaN; DGC
+        # keeps the first k in index order, so a NaN in the last element is not sent.
+        position = size - 1
+    bad = second_grad.copy()
+    bad[position] = np.nan
+    reduced, before, after = run(bad)
+    assert np.all(np.isnan(reduced))  # the NaN was not sent, yet the sum sees it ...
+    assert_same_bits(after, before)  # ... and it does not reach the residual
+
+
+# -- (g) step counter and per-step seeds ------------------------------------------------------------
+
+NO_FEEDBACK = {
+    "DRAGONN": lambda: tfcomp.DRAGONN(0.1, error_feedback=False, min_elements=MIN_ELEMENTS),
+    "QSGD": lambda: tfcomp.QSGD(2, min_elements=MIN_ELEMENTS),
+    "RandomK": lambda: tfcomp.RandomK(RATIO, error_feedback=False, min_elements=MIN_ELEMENTS),
+}
+
+
+@pytest.mark.parametrize(
+    "name", ["DRAGONN", "QSGD", "RandomK"],
+)
+def test_seeds_change_every_step(rng, name):
+    """Identical gradients, no error feedback: the payload differs from step to step, and a fresh
+    exchange replays the same sequence (the seeds derive from the step counter)."""
+    shapes = [(3001,), (40, 50)]
+    grads = [tf.constant(random_gradient(rng, s, np.float32)) for s in shapes]
+
+    def run(steps):
+        exchange = tfcomp.GradientExchange(NO_FEEDBACK[name]())
+        variables = [tf.Variable(tf.zeros(s)) for s in shapes]
+        outs = []
+        for step in range(steps):
+            outs.append([r.numpy() for r in exchange(grads, variables)])
+            assert int(exchange.step.numpy()) == step + 1
+        assert len(exchange.memory.residuals) == 0
+        return outs
+
+    first, again = run(3), run(3)
+    for a, b in zip(first, again):
+        for x, y in zip(a, b):
+            assert_same_bits(x, y)
+    for i in range(len(shapes)):
+        for s in range(3):
+            for t in range(s + 1, 3):
+                assert not np.array_equal(first[s][i], first[t][i]), f"tensor {i}: steps {s} and {t} sent the same"
+
+
+@pytest.mark.parametrize("name", list(NO_FEEDBACK))
+def test_seeds_differ_between_tensors_of_one_step(rng, name):
+    """Two tensors with identical gradients in one call get different randomness."""
+    g = random_gradient(rng, (3001,), np.float32)
+    exchange = tfcomp.GradientExchange(NO_FEEDBACK[name]())
+    a, b = exchange([tf.constant(g), tf.constant(g)], [tf.Variable(tf.zeros([3001])), tf.Variable(tf.zeros([3001]))])
+    assert not np.array_equal(a.numpy(), b.numpy())
+
+
+def test_step_counter_counts_calls(rng):
+    exchange = tfcomp.GradientExchange(COMPRESSORS["TopK"]())
+    problem = Problem(rng)
+    assert int(exchange.step.numpy()) == 0
+    for step in range(5):
+        problem.call(exchange, *problem.grads())
+        assert int(exchange.step.numpy()) == step + 1
+    assert not exchange.step.trainable and exchange.step.dtype == tf.int64
+
+
+# -- (h) checkpoints -------------------------------------------------------------------------------
+
+
+class Holder(tf.Module):
+    def __init__(self, exchange):
+        super().__init__()
+        self.exchange = exchange
+
+
+CHECKPOINT_CASES = {
+    "DRAGONN": lambda: COMPRESSORS["DRAGONN"](),
+    "DGC-momentum": lambda: COMPRESSORS["DGC"](momentum=0.9),
+    "QSGD": lambda: COMPRESSORS["QSGD"](),
+    "TopK-warmup": lambda: COMPRESSORS["TopK"](warmup_steps=5),  # saved in warm-up, which ends after restore
+}
+
+
+@pytest.mark.parametrize("restore_before_first_call", [True, False], ids=["fresh", "after-a-call"])
+@pytest.mark.parametrize("case", list(CHECKPOINT_CASES))
+def test_checkpoint_saves_and_restores_memory_and_step(rng, tmp_path, case, restore_before_first_call):
+    make = CHECKPOINT_CASES[case]
+    problem = Problem(rng)
+    exchange = tfcomp.GradientExchange(make())
+    checkpoint = tf.train.Checkpoint(holder=Holder(exchange))
+    for _ in range(3):
+        problem.call(exchange, *problem.grads())
+    path = checkpoint.write(str(tmp_path / "ckpt"))
+    saved = memory_snapshot(exchange)
+    assert any(np.any(s != 0) for s in saved) == (exchange.compressor.warmup_steps == 0)
+    later = [problem.grads() for _ in range(3)]  # the steps after the save (warm-up ends in them)
+    expected = [problem.call(exchange, *g)[0] for g in later]
+    expected_memory = memory_snapshot(exchange)
+
+    # A new process: fresh variables (same shapes, same order) and a fresh exchange made the same way.
+    fresh = Problem(rng)
+    restored = tfcomp.GradientExchange(make())
+    if not restore_before_first_call:
+        fresh.call(restored, *fresh.grads())  # creates the memory variables, then the restore overwrites them
+    status = tf.train.Checkpoint(holder=Holder(restored)).read(path)
+    assert int(restored.step.numpy()) == 3
+    if not restore_before_first_call:
+        status.assert_consumed()
+        for a, b in zip(memory_snapshot(restored), saved):
+            assert_same_bits(a, b)
+    for g, want in zip(later, expected):
+        got, _ = fresh.call(restored, *g)
+        for n in SHAPES:
+            assert_same_bits(got[n], want[n])
+    status.assert_consumed()
+    for a, b in zip(memory_snapshot(restored), expected_memory):
+        assert_same_bits(a, b)
+    assert int(restored.step.numpy()) == 6
+
+
+def test_checkpoint_of_a_keras_optimizer_carries_the_exchange(rng, tmp_path):
+    """hvd.DistributedOptimizer with a tfcomp compressor tracks the exchange: its step and residuals are
+    in the optimizer's checkpoint."""
+    import horovod.tensorflow.keras as hvd_keras
+
+    opt = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=COMPRESSORS["TopK"]())
+    exchange = opt._allreduce_grads
+    assert isinstance(exchange, tfcomp.GradientExchange)
+    var = tf.Variable(tf.zeros([2000]))
+    exchange([tf.constant(random_gradient(rng, (2000,), np.float32))], [var])
+    path = tf.train.Checkpoint(optimizer=opt).write(str(tmp_path / "opt"))
+    names = [name for name, _ in tf.train.list_variables(path)]
+    assert any(n.startswith("optimizer/") and "/step/" in n for n in names), names
+    assert any(n.startswith("optimizer/") and "/memory/residuals/0/" in n for n in names), names
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
