@@ -38,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
+from benchmarks.tables import markdown_table, text_table
 from tfcomp import ops
 
 __all__ = []
@@ -146,20 +147,6 @@ def _measure(variants: dict, repeats: int, warmup: int) -> dict:
     return {name: statistics.median(ms) for name, ms in times.items()}
 
 
-def _text_table(rows: list) -> str:
-    """Fixed-width table, one line per size."""
-    lines = [" ".join(h.rjust(w) for h, w, _ in _COLUMNS)]
-    lines += [" ".join(cell(r).rjust(w) for _, w, cell in _COLUMNS) for r in rows]
-    return "\n".join(lines)
-
-
-def _markdown_table(rows: list) -> str:
-    """The same table as Markdown."""
-    lines = ["| " + " | ".join(h for h, _, _ in _COLUMNS) + " |", "|" + "---:|" * len(_COLUMNS)]
-    lines += ["| " + " | ".join(cell(r) for _, _, cell in _COLUMNS) + " |" for r in rows]
-    return "\n".join(lines)
-
-
 def main(argv):
     """Times all variants at every size, prints the table and optionally writes it as Markdown."""
     del argv
@@ -176,10 +163,10 @@ def main(argv):
         f"Median ms over {FLAGS.repeats} interleaved repeats ({FLAGS.warmup} warm-up discarded); "
         f"'-': dense sum skipped, its K dense decodes exceed --dense_sum_max_gib={FLAGS.dense_sum_max_gib:g}."
     )
-    print(_text_table(rows))
+    print(text_table(_COLUMNS, rows))
     if FLAGS.markdown_out:
         with open(FLAGS.markdown_out, "w") as out:
-            out.write(f"{header}; median ms over {FLAGS.repeats} repeats; '-': skipped\n\n{_markdown_table(rows)}\n")
+            out.write(f"{header}; median ms over {FLAGS.repeats} repeats; '-': skipped\n\n{markdown_table(_COLUMNS, rows)}\n")
 
 
 if __name__ == "__main__":

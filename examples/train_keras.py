@@ -1,0 +1,253 @@
+"""Data-parallel Keras training with Horovod and a tfcomp gradient compressor.
+
+Two workers on one machine, DRAGONN keeping 1 % of every large gradient:
+
+    horovodrun -np 2 -H localhost:2 --gloo python examples/train_keras.py \\
+        --compressor=dragonn --ratio=0.01 --dataset=digits --model=mlp --epochs=20
+
+Other settings: `--compressor=dgc --momentum=0.9` (DGC momentum correction: the momentum moves into
+the error feedback, so the inner optimizer becomes plain SGD), `--warmup_steps=N` (N dense steps
+first), `--entry=tfcomp` (`tfcomp.DistributedOptimizer` instead of `hvd.DistributedOptimizer`),
+`--log_json=PATH` (rank 0 writes the metrics and compression statistics as JSON).
+
+Data: `digits` is scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package,
+no download), split into train and test sets by `--seed`; `mnist` reads TensorFlow Datasets' MNIST
+when it is already in the TFDS data directory and otherwise falls back to digits; `synthetic` is
+Gaussian inputs labelled by a fixed random linear teacher. Every worker trains on its own shard
+(every size-th example from its rank on, all shards of equal length) and evaluates on the whole
+test set.
+
+Learning rate: `--lr` is the rate for one worker's batch of `--batch_size`; the optimizer runs with
+lr * workers (linear scaling for the global batch of batch_size * workers).
+
+Rank 0 prints the per-epoch loss and accuracy (averaged over the workers), the final test accuracy
+and, when tfcomp ran the exchange, the table of `GradientExchange.describe()`.
+"""
+
+import json
+import time
+
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+
+import tfcomp
+
+__all__ = [
+    "build_model",
+    "build_optimizer",
+    "exchange_statistics",
+    "load_data",
+    "make_compression",
+    "shard",
+]
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("compressor", "dragonn",
+                  ["dragonn", "dgc", "topk", "randomk", "efsignsgd", "qsgd", "fp16", "none"],
+                  "Gradient compressor.")
+flags.DEFINE_float("ratio", 0.01, "Fraction of elements sent by the sparsifiers (dragonn, dgc, topk, randomk).")
+flags.DEFINE_integer("warmup_steps", 0, "Communicating steps sent dense before compression starts.")
+flags.DEFINE_float("momentum", None,
+                   "DGC momentum-correction factor in [0, 1); unset: plain residual error feedback.")
+flags.DEFINE_enum("entry", "horovod", ["horovod", "tfcomp"],
+                  "horovod: hvd.DistributedOptimizer(compression=...); tfcomp: tfcomp.DistributedOptimizer.")
+flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "mlp: Dense 512-256-10; cnn: two convolutions, Dense 128-10.")
+flags.DEFINE_enum("dataset", "digits", ["digits", "mnist", "synthetic"], "Training data.")
+flags.DEFINE_integer("epochs", 20, "Training epochs.")
+flags.DEFINE_integer("batch_size", 32, "Batch size per worker.")
+flags.DEFINE_float("lr", 0.05, "Learning rate for one worker (multiplied by the number of workers).")
+flags.DEFINE_integer("seed", 0, "Seed of the train/test split, the initial weights and the shuffling.")
+flags.DEFINE_enum("optimizer", None, ["momentum", "sgd"],
+                  "momentum: SGD with momentum 0.9; sgd: plain SGD. Unset: momentum, or sgd when "
+                  "--momentum is given (the momentum then lives in the error feedback).")
+flags.DEFINE_string("log_json", None, "If set, rank 0 writes the final metrics as JSON to this path.")
+
+_SPARSIFIERS = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC, "topk": tfcomp.TopK, "randomk": tfcomp.RandomK}
+_OPTIMIZER_MOMENTUM = 0.9
+_TEST_FRACTION = 0.2
+_SYNTHETIC_SIZES = (4096, 1024)  # train, test
+_NUM_CLASSES = 10
+_LOGGED_FLAGS = ("compressor", "ratio", "warmup_steps", "momentum", "entry", "model", "dataset", "epochs",
+                 "batch_size", "lr", "seed", "optimizer")
+
+
+def _log(message: str) -> None:
+    """Prints on rank 0 only."""
+    if hvd.rank() == 0:
+        print(message, flush=True)
+
+
+def _load_digits(seed: int):
+    """scikit-learn's 8x8 digits in [0, 1], shape [n, 8, 8, 1], split by a stratified seeded shuffle."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[..., None]
+    y = digits.target.astype(np.int32)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=_TEST_FRACTION, random_state=seed, stratify=y)
+    return (x_train, y_train), (x_test, y_test)
+
+
+def _load_mnist():
+    """TFDS MNIST in [0, 1], shape [n, 28, 28, 1], or None (with the reason) when it is not available
+    offline."""
+    try:
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder("mnist")
+        if not builder.is_prepared():
+            return None, f"MNIST is not in the TFDS data directory {builder.data_dir}"
+        splits = tfds.as_numpy(builder.as_dataset(split=["train", "test"], as_supervised=True, batch_size=-1))
+    except Exception as error:  # noqa: BLE001 (any failure of the optional dataset means: fall back)
+        return None, f"tensorflow_datasets cannot load MNIST ({type(error).__name__}: {error})"
+    return [(x.astype(np.float32) / 255.0, y.astype(np.int32)) for x, y in splits], None
+
+
+def _synthetic(seed: int):
+    """Gaussian 8x8x1 inputs labelled by the argmax of a fixed random linear map."""
+    rng = np.random.default_rng(seed)
+    teacher = rng.standard_normal((64, _NUM_CLASSES)).astype(np.float32)
+    sets = []
+    for n in _SYNTHETIC_SIZES:
+        x = rng.standard_normal((n, 8, 8, 1)).astype(np.float32)
+        sets.append((x, np.argmax(x.reshape(n, 64) @ teacher, axis=1).astype(np.int32)))
+    return sets
+
+
+def load_data(name: str, seed: int):
+    """((x_train, y_train), (x_test, y_test)) of the dataset `name`; images are [n, h, w, 1] float32."""
+    if name == "mnist":
+        data, reason = _load_mnist()
+        if data is not None:
+            return data
+        _log(f"{reason}: falling back to --dataset=digits")
+        name = "digits"
+    if name == "digits":
+        return _load_digits(seed)
+    return _synthetic(seed)
+
+
+def shard(x: np.ndarray, y: np.ndarray, rank: int, size: int):
+    """This worker's shard: every size-th example from `rank` on, cut so all shards are equally long
+    (equal steps per epoch on every worker, which the collectives need)."""
+    length = len(x) // size
+    return x[rank::size][:length], y[rank::size][:length]
+
+
+def build_model(kind: str, input_shape) -> tf.keras.Model:
+    """A classifier with logits: mlp (Dense 512-256-10 on the flattened image) or cnn."""
+    if kind == "mlp":
+        layers = [
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(512, activation="relu"),
+            tf.keras.layers.Dense(256, activation="relu"),
+        ]
+    else:
+        layers = [
+            tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+            tf.keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
+            tf.keras.layers.MaxPooling2D(),
+            tf.keras.layers.Flatten(),
+            tf.keras.layers.Dense(128, activation="relu"),
+        ]
+    return tf.keras.Sequential([tf.keras.Input(input_shape), *layers, tf.keras.layers.Dense(_NUM_CLASSES)])
+
+
+def make_compression(name: str, ratio: float, warmup_steps: int, momentum):
+    """The `compression=` argument: a tfcomp compressor, or Horovod's Compression.none / .fp16."""
+    if name in ("none", "fp16"):
+        if momentum is not None or warmup_steps:
+            raise app.UsageError("--momentum and --warmup_steps need a compressing --compressor")
+        return hvd.Compression.none if name == "none" else hvd.Compression.fp16
+    kwargs = {"warmup_steps": warmup_steps, "momentum": momentum}
+    if name in _SPARSIFIERS:
+        return _SPARSIFIERS[name](ratio, **kwargs)
+    if name == "efsignsgd":
+        return tfcomp.EFSignSGD(**kwargs)
+    # QSGD is unbiased and runs without error feedback unless momentum correction asks for it.
+    return tfcomp.QSGD(error_feedback=momentum is not None, **kwargs)
+
+
+def build_optimizer(compression, entry: str, lr: float, optimizer: str, momentum):
+    """SGD (with momentum 0.9, or plain) at lr * workers, wrapped by the chosen entry point."""
+    if optimizer is None:
+        optimizer = "sgd" if momentum is not None else "momentum"
+    inner = tf.keras.optimizers.SGD(lr * hvd.size(), momentum=_OPTIMIZER_MOMENTUM if optimizer == "momentum" else 0.0)
+    _log(f"optimizer: SGD, lr {lr:g} x {hvd.size()} workers, momentum {float(inner.momentum):g}")
+    if entry == "tfcomp":
+        return tfcomp.DistributedOptimizer(inner, compression=compression)
+    return hvd.DistributedOptimizer(inner, compression=compression)
+
+
+def exchange_statistics(optimizer, model: tf.keras.Model, compression) -> dict:
+    """Bytes one worker sends per step against dense, and the compressed tensors. From tfcomp's
+    exchange records when tfcomp ran the exchange; for stock Horovod, its dense (or fp16) allreduce
+    of every trainable variable."""
+    exchange = optimizer._allreduce_grads
+    if isinstance(exchange, tfcomp.GradientExchange):
+        records = exchange.records
+        dense = sum(r.dense_bytes for r in records)
+        sent = sum(r.sent_bytes for r in records)
+        compressed = [r.name for r in records if r.strategy not in ("allreduce", "fp16 allreduce", "sparse allgather")]
+    else:
+        dense = sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)
+        sent = dense // 2 if compression is hvd.Compression.fp16 else dense
+        compressed = []
+    return {"dense_bytes_per_step": dense, "sent_bytes_per_step": sent,
+            "sent_fraction_of_dense": sent / max(dense, 1), "compressed_tensors": compressed}
+
+
+def main(argv):
+    """Trains on this worker's shard, evaluates, prints the compression statistics, writes --log_json."""
+    del argv
+    hvd.init()
+    tf.keras.utils.set_random_seed(FLAGS.seed)
+    (x_train, y_train), (x_test, y_test) = load_data(FLAGS.dataset, FLAGS.seed)
+    x_shard, y_shard = shard(x_train, y_train, hvd.rank(), hvd.size())
+    train = (tf.data.Dataset.from_tensor_slices((x_shard, y_shard))
+             .shuffle(len(x_shard), seed=FLAGS.seed + hvd.rank())
+             .batch(FLAGS.batch_size))
+
+    compression = make_compression(FLAGS.compressor, FLAGS.ratio, FLAGS.warmup_steps, FLAGS.momentum)
+    optimizer = build_optimizer(compression, FLAGS.entry, FLAGS.lr, FLAGS.optimizer, FLAGS.momentum)
+    model = build_model(FLAGS.model, x_train.shape[1:])
+    model.compile(optimizer=optimizer, metrics=["accuracy"],
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _log(f"{hvd.size()} workers, {len(x_shard)} training examples each, {len(x_test)} test examples; "
+         f"compression={compression!r}, entry={FLAGS.entry}")
+
+    start = time.perf_counter()
+    history = model.fit(
+        train, epochs=FLAGS.epochs, verbose=2 if hvd.rank() == 0 else 0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()],
+    )
+    seconds = time.perf_counter() - start
+    test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
+    _log(f"test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}) after {FLAGS.epochs} epochs, {seconds:.1f} s")
+
+    exchange = optimizer._allreduce_grads
+    if isinstance(exchange, tfcomp.GradientExchange):
+        _log(exchange.describe())
+    else:
+        _log(f"stock Horovod allreduce ({FLAGS.compressor}): no tfcomp exchange, no compression table")
+    if FLAGS.log_json and hvd.rank() == 0:
+        metrics = {
+            "flags": {name: FLAGS[name].value for name in _LOGGED_FLAGS},
+            "workers": hvd.size(),
+            "train_loss": [float(v) for v in history.history["loss"]],
+            "train_accuracy": [float(v) for v in history.history["accuracy"]],
+            "test_loss": float(test_loss),
+            "test_accuracy": float(test_accuracy),
+            "train_seconds": seconds,
+            **exchange_statistics(optimizer, model, compression),
+        }
+        with open(FLAGS.log_json, "w") as f:
+            json.dump(metrics, f, indent=2)
+
+
+if __name__ == "__main__":
+    app.run(main)
