@@ -189,10 +189,8 @@ def exchange_statistics(optimizer, model: tf.keras.Model, compression) -> dict:
     of every trainable variable."""
     exchange = optimizer._allreduce_grads
     if isinstance(exchange, tfcomp.GradientExchange):
-        records = exchange.records
-        dense = sum(r.dense_bytes for r in records)
-        sent = sum(r.sent_bytes for r in records)
-        compressed = [r.name for r in records if r.strategy not in ("allreduce", "fp16 allreduce", "sparse allgather")]
+        dense, sent = exchange.bytes_per_step()
+        compressed = exchange.compressed_tensors()
     else:
         dense = sum(v.shape.num_elements() * v.dtype.size for v in model.trainable_variables)
         sent = dense // 2 if compression is hvd.Compression.fp16 else dense

@@ -45,6 +45,17 @@ def _grouped_by_dtype(collective, tensors, **kwargs):
     return results
 
 
+class _UntrackedFunction:
+    """Holds the exchange's tf.function out of sight of object tracking: SavedModel export would
+    otherwise retrace it in its own graph, where the variables it uses are stand-ins."""
+
+    def __init__(self, function):
+        self._function = function
+
+    def __call__(self, *args):
+        return self._function(*args)
+
+
 @dataclass(frozen=True)
 class TensorRecord:
     """How one gradient is exchanged: name, elements, strategy, bytes per worker per step
@@ -84,7 +95,7 @@ class GradientExchange(tf.Module):
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="communication_step")
         self.records: tuple = ()
-        self._graph_fn = tf.function(self._exchange, autograph=False)
+        self._graph_fn = _UntrackedFunction(tf.function(self._exchange, autograph=False))
 
     def __call__(self, grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's signature)
         del use_generic_names
@@ -257,6 +268,16 @@ class GradientExchange(tf.Module):
                       for acc, momentum in accumulated]
         return reduced, memory
 
+    def bytes_per_step(self) -> tuple:
+        """(dense bytes, sent bytes) one worker exchanges per step, over the tensors whose payload
+        size is fixed (IndexedSlices are left out)."""
+        known = [r for r in self.records if r.sent_bytes >= 0]
+        return sum(r.dense_bytes for r in known), sum(r.sent_bytes for r in known)
+
+    def compressed_tensors(self) -> list:
+        """Names of the tensors the compressor encodes."""
+        return [r.name for r in self.records if r.strategy.startswith(type(self.compressor).__name__)]
+
     def describe(self) -> str:
         """A table of how each gradient is exchanged and the bytes sent per step against dense."""
         if not self.records:
@@ -265,8 +286,6 @@ class GradientExchange(tf.Module):
         for r in self.records:
             sent_text = "varies" if r.sent_bytes < 0 else str(r.sent_bytes)
             lines.append(f"{r.name[:40]:40s} {r.elements:10d} {r.strategy:>22s} {r.dense_bytes:10d} {sent_text:>10s}")
-        known = [r for r in self.records if r.sent_bytes >= 0]
-        dense = sum(r.dense_bytes for r in known)
-        sent = sum(r.sent_bytes for r in known)
+        dense, sent = self.bytes_per_step()
         lines.append(f"{'total':40s} {'':10s} {'':22s} {dense:10d} {sent:10d}  ({sent / max(dense, 1):.2%} of dense)")
         return "\n".join(lines)

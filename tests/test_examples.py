@@ -1,0 +1,45 @@
+"""The main job's training script runs under horovodrun, learns, and compresses what it says."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_example(tmp_path, *flags):
+    log = tmp_path / "metrics.json"
+    horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
+    command = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+               os.path.join(REPO_ROOT, "examples", "train_keras.py"), f"--log_json={log}", *flags]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout, json.loads(log.read_text())
+
+
+@pytest.mark.parametrize("entry", ["horovod", "tfcomp"])
+def test_digits_training_with_dragonn_learns_and_reports_compression(tmp_path, entry):
+    stdout, metrics = run_example(tmp_path, "--compressor=dragonn", "--ratio=0.01", "--momentum=0.9",
+                                  "--dataset=digits", "--epochs=3", f"--entry={entry}")
+    assert metrics["workers"] == 2
+    assert len(metrics["train_loss"]) == 3 and metrics["train_loss"][-1] < metrics["train_loss"][0]
+    assert metrics["test_accuracy"] > 0.8  # 10 classes: chance is 0.1
+    assert metrics["compressed_tensors"] == ["dense/kernel:0", "dense_1/kernel:0", "dense_2/kernel:0"]
+    assert metrics["sent_fraction_of_dense"] < 0.05
+    assert "Epoch 3/3" in stdout and "DRAGONN allgather" in stdout and "of dense)" in stdout
+
+
+def test_dense_run_through_stock_horovod(tmp_path):
+    stdout, metrics = run_example(tmp_path, "--compressor=none", "--dataset=synthetic", "--epochs=1")
+    assert metrics["compressed_tensors"] == [] and metrics["sent_fraction_of_dense"] == 1.0
+    assert "no compression table" in stdout
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
