@@ -12,8 +12,10 @@ import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXACT = 0.0
-# Sums over 3 ranks depend on the reduction order (grouped vs single collectives fuse differently).
+# Sums over 3 ranks depend on the reduction order: grouped and single collectives, and Horovod's tensor
+# fusion from run to run, can cut the ring differently. All ranks still get the same result (EXACT).
 FLOAT_TOLERANCE = 1e-5
+RUN_TO_RUN_TOLERANCE = 1e-6
 FP16_TOLERANCE = 1e-2  # fp16 sums of N(0, 1) values: an fp16 ulp near 4 is 0.004
 
 
@@ -57,7 +59,10 @@ def test_training_moved_the_weights(reports):
 
 
 def test_both_entry_points_give_identical_weights(reports):
-    assert {n: d for n, d in values(reports, "entry_points_differ").items() if max(d) != EXACT} == {}
+    differ = values(reports, "entry_points_differ")
+    assert {n: d for n, d in differ.items() if max(d) > RUN_TO_RUN_TOLERANCE} == {}
+    if reports[0]["size"] == 2:  # a sum of two is the same in any order: bit-identical
+        assert {n: d for n, d in differ.items() if max(d) != EXACT} == {}
 
 
 def test_reduced_gradient_is_the_average_of_what_workers_sent(reports):
@@ -90,7 +95,10 @@ def test_backward_passes_per_step_communicates_every_second_step(reports):
 
 def test_checkpoint_restore_continues_exactly(reports):
     assert all(all(v) for v in values(reports, "residual_restored").values())
-    assert {n: d for n, d in values(reports, "resume_differs").items() if max(d) != EXACT} == {}
+    differ = values(reports, "resume_differs")
+    assert {n: d for n, d in differ.items() if max(d) > RUN_TO_RUN_TOLERANCE} == {}
+    if reports[0]["size"] == 2:
+        assert {n: d for n, d in differ.items() if max(d) != EXACT} == {}
     assert all(steps == [6] * len(reports) for steps in values(reports, "resume_step").values())
 
 
