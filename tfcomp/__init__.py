@@ -10,7 +10,7 @@ Importing tfcomp teaches stock Horovod to run tfcomp's exchange for tfcomp compr
 `tfcomp.horovod_glue`). The op library (`tfcomp.ops`) is loaded lazily, on the first op call.
 """
 
-from tfcomp import ops
+from tfcomp import cost_model, ops
 from tfcomp.compressors import DGC, DRAGONN, FP16, QSGD, Compressor, EFSignSGD, NoCompression, RandomK, TopK
 from tfcomp.exchange import GradientExchange
 from tfcomp.horovod_glue import install as _install_horovod_glue
@@ -32,5 +32,6 @@ __all__ = [
     "RandomK",
     "TopK",
     "__version__",
+    "cost_model",
     "ops",
 ]

@@ -1,0 +1,78 @@
+"""The alpha-beta formulas against hand-computed values, the 004 Eq. 1 decision, affine fits, parsing."""
+
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from tfcomp import cost_model as cm
+
+NET = cm.Network(latency=1e-3, bandwidth=1.25e9)  # 1 ms, 10 Gbit/s
+
+
+def test_collective_formulas(rng):
+    s = float(rng.uniform(1e3, 1e9))
+    k = int(rng.integers(2, 64))
+    a, b = NET.latency, NET.bandwidth
+    assert cm.ring_allreduce(s, k, NET) == pytest.approx(2 * (k - 1) * (a + s / (k * b)))
+    assert cm.tree_allreduce(s, k, NET) == pytest.approx(2 * math.log2(k) * (a + s / b))
+    assert cm.broadcast(s, k, NET) == pytest.approx(math.log2(k) * (a + s / b))
+    assert cm.ring_allgather(s, k, NET) == pytest.approx((k - 1) * (a + s / b))
+    # 003 Eq. 4a / 4b with M c = s: alpha [2 (N-1) + log N] + M c beta [2 (N-1) / N + log N]; 3 alpha log N + 3 M c beta log N
+    assert cm.artopk_ring(s, s, k, NET) == pytest.approx(a * (2 * (k - 1) + math.log2(k)) + s / b * (2 * (k - 1) / k + math.log2(k)))
+    assert cm.artopk_tree(s, s, k, NET) == pytest.approx(3 * a * math.log2(k) + 3 * s / b * math.log2(k))
+
+
+def test_one_worker_communicates_for_free():
+    for collective in (cm.ring_allreduce, cm.tree_allreduce, cm.broadcast, cm.ring_allgather):
+        assert collective(1e6, 1, NET) == 0.0
+
+
+def test_eq1_compresses_big_tensors_on_slow_links_only():
+    dense = 4 * 2**24  # 16 Mi float32
+    payload = 8 * round(0.001 * 2**24)
+    slow = cm.Network(1e-4, cm.parse_bandwidth("1Gbps"))
+    fast = cm.Network(1e-6, cm.parse_bandwidth("400Gbps"))
+    assert cm.compression_pays(dense, payload, 8, slow, encode_decode_seconds=0.01)
+    assert not cm.compression_pays(dense, payload, 8, fast, encode_decode_seconds=0.01)
+    # A small tensor: allgather even saves latency terms ((K-1) alpha against 2 (K-1) alpha), but not
+    # more than a fixed per-op encode/decode overhead of 1 ms costs.
+    assert not cm.compression_pays(4 * 1024, 8, 8, slow, encode_decode_seconds=1e-3)
+
+
+def test_affine_fit_recovers_the_line(rng):
+    c0, c1 = float(rng.uniform(1e-5, 1e-3)), float(rng.uniform(1e-10, 1e-8))
+    sizes = np.array([2**p for p in range(10, 26, 2)], dtype=float)
+    times = c0 + c1 * sizes + rng.normal(0, c0 * 0.01, sizes.size)
+    fitted = cm.AffineCost.fit(sizes, times)
+    assert fitted.c1 == pytest.approx(c1, rel=0.05)
+    assert fitted(2**20) == pytest.approx(c0 + c1 * 2**20, rel=0.05)
+    with pytest.raises(ValueError, match="at least two distinct sizes"):
+        cm.AffineCost.fit([5, 5], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("text, seconds", [("1ms", 1e-3), ("250us", 2.5e-4), ("0.5 s", 0.5), ("1e-3s", 1e-3)])
+def test_parse_latency(text, seconds):
+    assert cm.parse_latency(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text, bytes_per_s", [("10Gbps", 1.25e9), ("100Mbps", 1.25e7), ("2GB/s", 2e9)])
+def test_parse_bandwidth(text, bytes_per_s):
+    assert cm.parse_bandwidth(text) == pytest.approx(bytes_per_s)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: cm.parse_latency("fast"), r"latency must be a number with a unit .* got 'fast'"),
+    (lambda: cm.parse_bandwidth("10 parsecs"), r"bandwidth must be a number with a unit .* got '10 parsecs'"),
+    (lambda: cm.Network(-1.0, 1e9), r"latency must be a finite number of seconds >= 0, got -1.0"),
+    (lambda: cm.Network(1e-3, 0), r"bandwidth must be a finite number of bytes per second > 0, got 0"),
+    (lambda: cm.ring_allreduce(1e6, 0, NET), r"workers must be an integer >= 1, got 0"),
+])
+def test_bad_arguments(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

@@ -1,0 +1,146 @@
+"""Alpha-beta cost model of the collectives tfcomp can use, and the 004 Eq. 1 test.
+
+Times are in seconds, sizes in bytes. A `Network` has a one-way latency alpha (s) and a bandwidth
+(bytes/s; beta = 1 / bandwidth). With K workers and S bytes (003 Table I and Eq. 4, 004 Sec. 4.2):
+
+  ring allreduce of S          2 (K-1) (alpha + S / (K B))
+  tree allreduce of S          2 log2(K) (alpha + S / B)
+  broadcast of S               log2(K) (alpha + S / B)
+  ring allgather, S per worker (K-1) (alpha + S / B)
+  AR-Topk, ring (003 Eq. 4a)   broadcast of the indices + ring allreduce of the values
+  AR-Topk, tree (003 Eq. 4b)   broadcast of the indices + tree allreduce of the values
+
+Encode and decode times are affine in the number of elements, c0 + c1 * d (001 Assumption 5),
+fitted from measurements with `AffineCost.fit`. The 004 Eq. 1 test says compression pays for a
+tensor when encode + decode time < dense allreduce time - compressed exchange time.
+
+Not here yet: the 000 model of bucketed communication overlapping the backward pass, calibration on
+the running cluster, and the bucket plan (issue 4).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "AffineCost",
+    "Network",
+    "artopk_ring",
+    "artopk_tree",
+    "broadcast",
+    "compression_pays",
+    "parse_bandwidth",
+    "parse_latency",
+    "ring_allgather",
+    "ring_allreduce",
+    "tree_allreduce",
+]
+
+_LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_BANDWIDTH_UNITS = {"bps": 1 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8,
+                    "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
+
+
+def _parse(text: str, units: dict, argument: str, example: str) -> float:
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-z/]+)\s*", str(text).lower())
+    if not match or match.group(2) not in units:
+        raise ValueError(f"{argument} must be a number with a unit ({', '.join(units)}), e.g. {example!r}; got {text!r}")
+    return float(match.group(1)) * units[match.group(2)]
+
+
+def parse_latency(text: str) -> float:
+    """'1ms' -> 0.001 (seconds). Units: s, ms, us, ns."""
+    return _parse(text, _LATENCY_UNITS, "latency", "1ms")
+
+
+def parse_bandwidth(text: str) -> float:
+    """'10Gbps' -> 1.25e9 (bytes per second). Units: bps, Kbps, Mbps, Gbps (bits), B/s ... GB/s (bytes)."""
+    return _parse(text, _BANDWIDTH_UNITS, "bandwidth", "10Gbps")
+
+
+@dataclass(frozen=True)
+class Network:
+    """One-way latency in seconds and bandwidth in bytes per second, both > 0 (latency may be 0)."""
+
+    latency: float
+    bandwidth: float
+
+    def __post_init__(self):
+        if not (isinstance(self.latency, (int, float)) and math.isfinite(self.latency) and self.latency >= 0):
+            raise ValueError(f"latency must be a finite number of seconds >= 0, got {self.latency!r}")
+        if not (isinstance(self.bandwidth, (int, float)) and math.isfinite(self.bandwidth) and self.bandwidth > 0):
+            raise ValueError(f"bandwidth must be a finite number of bytes per second > 0, got {self.bandwidth!r}")
+
+    def hop(self, num_bytes: float) -> float:
+        """Time of one message of num_bytes: alpha + S / B."""
+        return self.latency + num_bytes / self.bandwidth
+
+
+def _check_workers(workers: int) -> int:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    return workers
+
+
+def ring_allreduce(num_bytes: float, workers: int, network: Network) -> float:
+    """2 (K-1) (alpha + S / (K B)): reduce-scatter then allgather around the ring."""
+    k = _check_workers(workers)
+    return 2 * (k - 1) * network.hop(num_bytes / k)
+
+
+def tree_allreduce(num_bytes: float, workers: int, network: Network) -> float:
+    """2 log2(K) (alpha + S / B): reduce up and broadcast down a binary tree."""
+    return 2 * math.log2(_check_workers(workers)) * network.hop(num_bytes)
+
+
+def broadcast(num_bytes: float, workers: int, network: Network) -> float:
+    """log2(K) (alpha + S / B) down a binary tree."""
+    return math.log2(_check_workers(workers)) * network.hop(num_bytes)
+
+
+def ring_allgather(bytes_per_worker: float, workers: int, network: Network) -> float:
+    """(K-1) (alpha + S / B): every worker's S bytes travel K-1 hops (004 Sec. 4.2)."""
+    return (_check_workers(workers) - 1) * network.hop(bytes_per_worker)
+
+
+def artopk_ring(index_bytes: float, value_bytes: float, workers: int, network: Network) -> float:
+    """AR-Topk with ring reduction (003 Eq. 4a): one worker broadcasts its indices, all allreduce
+    the values at those indices."""
+    return broadcast(index_bytes, workers, network) + ring_allreduce(value_bytes, workers, network)
+
+
+def artopk_tree(index_bytes: float, value_bytes: float, workers: int, network: Network) -> float:
+    """AR-Topk with tree reduction (003 Eq. 4b)."""
+    return broadcast(index_bytes, workers, network) + tree_allreduce(value_bytes, workers, network)
+
+
+@dataclass(frozen=True)
+class AffineCost:
+    """Time c0 + c1 * elements (seconds), as 001 Assumption 5 models compression overhead."""
+
+    c0: float
+    c1: float
+
+    def __call__(self, elements: float) -> float:
+        return self.c0 + self.c1 * elements
+
+    @classmethod
+    def fit(cls, elements, seconds) -> "AffineCost":
+        """Least-squares fit to measurements (at least two distinct sizes); c0 and c1 are clipped at 0."""
+        xs, ys = [float(x) for x in elements], [float(y) for y in seconds]
+        if len(xs) != len(ys) or len(set(xs)) < 2:
+            raise ValueError(f"need matching elements and seconds with at least two distinct sizes, got {xs} and {ys}")
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        c1 = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+        c1 = max(c1, 0.0)
+        return cls(max(mean_y - c1 * mean_x, 0.0), c1)
+
+
+def compression_pays(dense_bytes: float, payload_bytes: float, workers: int, network: Network,
+                     encode_decode_seconds: float) -> bool:
+    """004 Eq. 1: T_comp(d) < T_full(d) - T_spr(d), with T_full a ring allreduce of the dense tensor
+    and T_spr a ring allgather of every worker's payload."""
+    saved = ring_allreduce(dense_bytes, workers, network) - ring_allgather(payload_bytes, workers, network)
+    return encode_decode_seconds < saved
