@@ -36,17 +36,14 @@ class TopkCompressOp : public OpKernel {
     const BitsOf<T>* g = AsBits(grad_values);
 
     // Each block keeps its own k best; the k best of those candidates are the k best overall.
-    const int64_t num_blocks = (size + kSelectBlock - 1) / kSelectBlock;
-    std::vector<std::vector<uint64_t>> candidates(num_blocks);
-    ParallelForBlocks(context, size, kSelectBlock, /*cost_per_element=*/20, [&](int64_t first, int64_t last) {
-      for (int64_t b = first; b < last; ++b) {
-        TopKCandidatesRange<Format>(g, b * kSelectBlock, std::min(size, (b + 1) * kSelectBlock), k_, &candidates[b]);
-      }
-    });
+    std::vector<std::vector<uint64_t>> candidates = CollectInBlocks<uint64_t>(
+        context, size, kSelectBlock, [&](int64_t begin, int64_t end, std::vector<uint64_t>* words) {
+          TopKCandidatesRange<Format>(g, begin, end, k_, words);
+        });
     std::vector<uint64_t> words;
-    for (auto& block : candidates) {
-      words.insert(words.end(), block.begin(), block.end());
-      std::vector<uint64_t>().swap(block);
+    for (auto& list : candidates) {
+      words.insert(words.end(), list.begin(), list.end());
+      std::vector<uint64_t>().swap(list);
     }
     const int64_t kept = KeepLargest(words.data(), words.size(), k_);
     // Report in increasing index order: the low 32 bits of a word are its index.
