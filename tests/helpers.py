@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+
 import numpy as np
 
-__all__ = ["SHAPES", "assert_same_bits", "quantile_threshold", "random_gradient"]
+__all__ = ["REPO_ROOT", "SHAPES", "assert_same_bits", "child_env", "horovodrun", "quantile_threshold", "random_gradient"]
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Shapes of several ranks and sizes, including sizes that are not multiples of the kernels' scan
 # block (64 float32 / 128 half elements) and ones large enough to be split across threads.
@@ -34,3 +40,16 @@ def quantile_threshold(g: np.ndarray, fraction: float) -> float:
     """A float32 threshold that about `fraction` of |g| reaches."""
     magnitudes = np.abs(g.reshape(-1).astype(np.float32))
     return float(np.quantile(magnitudes[np.isfinite(magnitudes)], 1.0 - fraction))
+
+
+def child_env(**extra) -> dict:
+    """Environment for a child Python process: this checkout first on PYTHONPATH, TensorFlow quiet."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def horovodrun(num_workers: int) -> list:
+    """The command prefix that starts num_workers local Gloo workers (python and its args follow)."""
+    launcher = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return [launcher, "-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo"]

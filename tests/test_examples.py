@@ -2,23 +2,20 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import REPO_ROOT, child_env, horovodrun
+
 
 
 def run_example(tmp_path, *flags):
     log = tmp_path / "metrics.json"
-    horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
-    command = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+    command = [*horovodrun(2), sys.executable,
                os.path.join(REPO_ROOT, "examples", "train_keras.py"), f"--log_json={log}", *flags]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(command, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout, json.loads(log.read_text())
 

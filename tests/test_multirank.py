@@ -3,14 +3,13 @@ tests/multirank_worker.py, and these tests assert on what every rank measured.""
 
 import glob
 import json
-import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import REPO_ROOT, child_env, horovodrun
+
 EXACT = 0.0
 # Sums over 3 ranks depend on the reduction order: grouped and single collectives, and Horovod's tensor
 # fusion from run to run, can cut the ring differently. All ranks still get the same result (EXACT).
@@ -24,12 +23,8 @@ def reports(request, tmp_path_factory):
     """Runs the worker under horovodrun once per world size; returns the list of rank reports."""
     num_workers = request.param
     out = tmp_path_factory.mktemp(f"multirank{num_workers}")
-    horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
-    command = [horovodrun, "-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo",
-               sys.executable, "-m", "tests.multirank_worker", "--out", str(out)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    command = [*horovodrun(num_workers), sys.executable, "-m", "tests.multirank_worker", "--out", str(out)]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     files = sorted(glob.glob(str(out / "rank*.json")))
     assert len(files) == num_workers, files

@@ -1,22 +1,19 @@
 """The op library loads lazily, its ops are namespaced, and a missing or mismatched library fails
 with an error that says what was built against what and how to rebuild."""
 
-import os
 import subprocess
 import sys
 
 import pytest
 import tensorflow as tf
 
+from tests.helpers import child_env
 from tfcomp import ops
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_python(code: str, library: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TFCOMP_OPS_LIBRARY=library, TF_CPP_MIN_LOG_LEVEL="3")
-    env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", code], env=child_env(TFCOMP_OPS_LIBRARY=library), capture_output=True, text=True, timeout=300)
 
 
 FIRST_USE = """
