@@ -23,22 +23,22 @@ import tfcomp
 __all__ = []
 
 COMPRESSORS = {
-    "DRAGONN": lambda: tfcomp.DRAGONN(0.05, min_elements=256),
-    "DGC": lambda: tfcomp.DGC(0.05, min_elements=256),
-    "TopK": lambda: tfcomp.TopK(0.05, min_elements=256),
-    "RandomK": lambda: tfcomp.RandomK(0.05, min_elements=256),
-    "EFSignSGD": lambda: tfcomp.EFSignSGD(min_elements=256),
-    "QSGD": lambda: tfcomp.QSGD(4, min_elements=256),
-    "QSGD+EF": lambda: tfcomp.QSGD(4, error_feedback=True, min_elements=256),
+    "DRAGONN": lambda: tfcomp.DRAGONN(0.05, planning="off", min_elements=256),
+    "DGC": lambda: tfcomp.DGC(0.05, planning="off", min_elements=256),
+    "TopK": lambda: tfcomp.TopK(0.05, planning="off", min_elements=256),
+    "RandomK": lambda: tfcomp.RandomK(0.05, planning="off", min_elements=256),
+    "EFSignSGD": lambda: tfcomp.EFSignSGD(planning="off", min_elements=256),
+    "QSGD": lambda: tfcomp.QSGD(4, planning="off", min_elements=256),
+    "QSGD+EF": lambda: tfcomp.QSGD(4, error_feedback=True, planning="off", min_elements=256),
     "FP16": tfcomp.FP16,
     "NoCompression": tfcomp.NoCompression,
-    "DGC+momentum": lambda: tfcomp.DGC(0.05, momentum=0.9, min_elements=256),
-    "DRAGONN+warmup": lambda: tfcomp.DRAGONN(0.05, warmup_steps=2, min_elements=256),
+    "DGC+momentum": lambda: tfcomp.DGC(0.05, momentum=0.9, planning="off", min_elements=256),
+    "DRAGONN+warmup": lambda: tfcomp.DRAGONN(0.05, warmup_steps=2, planning="off", min_elements=256),
 }
 
 
 def make_model(seed: int = 0) -> tf.keras.Model:
-    """A small MLP whose first kernel (32 x 24 = 768 elements) is compressed (min_elements=256)."""
+    """A small MLP whose first kernel (32 x 24 = 768 elements) is compressed (planning="off", min_elements=256)."""
     tf.keras.utils.set_random_seed(seed)
     return tf.keras.Sequential([
         tf.keras.layers.Dense(24, activation="tanh", input_shape=(32,)),
@@ -158,7 +158,7 @@ def check_exchange_semantics(report):
     grads = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
     plain = [hvd.allreduce(g, op=hvd.Average).numpy() for g in grads]
     for label, compressor in (("NoCompression", tfcomp.NoCompression()),
-                              ("DRAGONN ratio 1", tfcomp.DRAGONN(1.0, slots_per_element=256.0, min_elements=1))):
+                              ("DRAGONN ratio 1", tfcomp.DRAGONN(1.0, slots_per_element=256.0, planning="off", min_elements=1))):
         reduced = tfcomp.GradientExchange(compressor)(grads, variables)
         report[f"equals_horovod/{label}"] = max(float(np.max(np.abs(r.numpy() - p))) for r, p in zip(reduced, plain))
 

@@ -364,16 +364,23 @@ def test_documented_payload_sizes(size):
 def test_dense_compressors(compressor):
     assert compressor.collective == "dense"
     assert compressor.error_feedback is False and compressor.momentum is None
-    assert not any(compressor.compresses(size) for size in [1, 1024, 10**6])
+    assert tfcomp.cost_model.available_strategies(compressor) == ("dense",)
     with pytest.raises(NotImplementedError):
         compressor.encode(tf.zeros([2048]), seed_tensor(1), 0)
 
 
-def test_compresses_follows_min_elements():
-    compressor = tfcomp.TopK(0.1, min_elements=100)
-    assert not compressor.compresses(99)
-    assert compressor.compresses(100) and compressor.compresses(10**6)
-    assert tfcomp.DRAGONN().compresses(1024) and not tfcomp.DRAGONN().compresses(1023)
+def test_planning_and_strategy_arguments():
+    assert tfcomp.DRAGONN().planning == "auto" and tfcomp.DRAGONN().strategy is None
+    assert tfcomp.DRAGONN(strategy="artopk", artopk_owner="var").strategy == "artopk"
+    assert tfcomp.RandomK(strategy="allreduce").strategy == "allreduce"
+    with pytest.raises(ValueError, match="planning must be 'auto' or 'off', got 'on'"):
+        tfcomp.TopK(planning="on")
+    with pytest.raises(ValueError, match=r"strategy must be None or one of \('dense', 'allreduce'\) for RandomK, got 'artopk'"):
+        tfcomp.RandomK(strategy="artopk")
+    with pytest.raises(ValueError, match="strategy must be None or one of .* for QSGD, got 'allreduce'"):
+        tfcomp.QSGD(strategy="allreduce")
+    with pytest.raises(ValueError, match="artopk_owner must be 'star' .* or 'var' .*, got 'max'"):
+        tfcomp.DGC(artopk_owner="max")
 
 
 def test_defaults():

@@ -25,13 +25,13 @@ EMBEDDING_SHAPE = (20, 8)
 RATIO = 0.05
 
 COMPRESSORS = {
-    "DRAGONN": lambda **kw: tfcomp.DRAGONN(RATIO, min_elements=MIN_ELEMENTS, **kw),
-    "DRAGONN-sampled": lambda **kw: tfcomp.DRAGONN(RATIO, num_samples=300, slots_per_element=2, min_elements=MIN_ELEMENTS, **kw),
-    "DGC": lambda **kw: tfcomp.DGC(RATIO, min_elements=MIN_ELEMENTS, **kw),
-    "TopK": lambda **kw: tfcomp.TopK(RATIO, min_elements=MIN_ELEMENTS, **kw),
-    "RandomK": lambda **kw: tfcomp.RandomK(RATIO, min_elements=MIN_ELEMENTS, **kw),
-    "EFSignSGD": lambda **kw: tfcomp.EFSignSGD(min_elements=MIN_ELEMENTS, **kw),
-    "QSGD": lambda **kw: tfcomp.QSGD(4, error_feedback=True, min_elements=MIN_ELEMENTS, **kw),
+    "DRAGONN": lambda **kw: tfcomp.DRAGONN(RATIO, planning="off", min_elements=MIN_ELEMENTS, **kw),
+    "DRAGONN-sampled": lambda **kw: tfcomp.DRAGONN(RATIO, num_samples=300, slots_per_element=2, planning="off", min_elements=MIN_ELEMENTS, **kw),
+    "DGC": lambda **kw: tfcomp.DGC(RATIO, planning="off", min_elements=MIN_ELEMENTS, **kw),
+    "TopK": lambda **kw: tfcomp.TopK(RATIO, planning="off", min_elements=MIN_ELEMENTS, **kw),
+    "RandomK": lambda **kw: tfcomp.RandomK(RATIO, planning="off", min_elements=MIN_ELEMENTS, **kw),
+    "EFSignSGD": lambda **kw: tfcomp.EFSignSGD(planning="off", min_elements=MIN_ELEMENTS, **kw),
+    "QSGD": lambda **kw: tfcomp.QSGD(4, error_feedback=True, planning="off", min_elements=MIN_ELEMENTS, **kw),
 }
 SPARSIFIERS = ("DRAGONN", "DRAGONN-sampled", "DGC", "TopK", "RandomK")
 
@@ -215,7 +215,7 @@ def test_sum_equals_average_for_one_worker(rng, name):
 
 def test_dragonn_with_ratio_one_and_many_slots_sends_everything(rng):
     # 4 elements into 4 * 2**18 slots: a collision has probability about 6 / 2**20.
-    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(1.0, slots_per_element=2**18, min_elements=1))
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(1.0, slots_per_element=2**18, planning="off", min_elements=1))
     var = tf.Variable(tf.zeros([2, 2]))
     for _ in range(2):
         g = random_gradient(rng, (2, 2), np.float32)
@@ -226,7 +226,7 @@ def test_dragonn_with_ratio_one_and_many_slots_sends_everything(rng):
 
 def test_dragonn_with_ratio_one_loses_only_collisions(rng):
     size, slots_per_element = 1000, 64
-    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(1.0, slots_per_element=slots_per_element, min_elements=1))
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(1.0, slots_per_element=slots_per_element, planning="off", min_elements=1))
     var = tf.Variable(tf.zeros([size]))
     old = np.zeros(size, np.float32)
     for _ in range(3):
@@ -471,9 +471,9 @@ def test_non_finite_element_that_is_not_sent_still_reaches_the_sum_and_spares_me
 # -- (g) step counter and per-step seeds ------------------------------------------------------------
 
 NO_FEEDBACK = {
-    "DRAGONN": lambda: tfcomp.DRAGONN(0.1, error_feedback=False, min_elements=MIN_ELEMENTS),
-    "QSGD": lambda: tfcomp.QSGD(2, min_elements=MIN_ELEMENTS),
-    "RandomK": lambda: tfcomp.RandomK(RATIO, error_feedback=False, min_elements=MIN_ELEMENTS),
+    "DRAGONN": lambda: tfcomp.DRAGONN(0.1, error_feedback=False, planning="off", min_elements=MIN_ELEMENTS),
+    "QSGD": lambda: tfcomp.QSGD(2, planning="off", min_elements=MIN_ELEMENTS),
+    "RandomK": lambda: tfcomp.RandomK(RATIO, error_feedback=False, planning="off", min_elements=MIN_ELEMENTS),
 }
 
 

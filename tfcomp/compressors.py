@@ -86,13 +86,21 @@ class Compressor:
       momentum: None, or DGC's momentum-correction factor (error feedback with momentum and factor
         masking; then use the inner optimizer without momentum).
       warmup_steps: communicating steps sent dense before compression starts.
-      min_elements: tensors with fewer elements are sent dense (the cost model replaces this rule).
+      planning: "auto" (default): at the first step tfcomp calibrates the cluster and splits the
+        gradients into buckets, each exchanged with the strategy the cost model predicts fastest
+        (`tfcomp.planning`); "off": every tensor of at least `min_elements` elements is compressed
+        on its own, smaller ones are sent dense.
+      strategy: None (default: the cost model chooses per bucket) or one of "dense", "allgather",
+        "allreduce", "artopk" to force it for every compressed bucket (see
+        `tfcomp.cost_model.available_strategies`).
+      min_elements: with planning="off", tensors with fewer elements are sent dense.
     """
 
     collective = "allgather"
+    dense_element_bytes = 4  # bytes per element when a bucket is sent dense
 
     def __init__(self, *, error_feedback: bool, momentum=None, warmup_steps: int = 0,
-                 min_elements: int = DEFAULT_MIN_ELEMENTS):
+                 min_elements: int = DEFAULT_MIN_ELEMENTS, planning: str = "auto", strategy=None):
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
@@ -101,6 +109,15 @@ class Compressor:
             raise ValueError("momentum correction needs error_feedback=True")
         self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
         self.min_elements = _check_int("min_elements", min_elements, 1)
+        if planning not in ("auto", "off"):
+            raise ValueError(f"planning must be 'auto' or 'off', got {planning!r}")
+        self.planning = planning
+        from tfcomp.cost_model import available_strategies
+
+        if strategy is not None and strategy not in available_strategies(self):
+            raise ValueError(f"strategy must be None or one of {available_strategies(self)} for "
+                             f"{type(self).__name__}, got {strategy!r}")
+        self.strategy = strategy
 
     def get_config(self) -> dict:
         """Hyper-parameters, for repr and for comparing plans across ranks."""
@@ -115,10 +132,6 @@ class Compressor:
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, tuple(sorted(self.get_config().items()))))
-
-    def compresses(self, size: int) -> bool:
-        """Whether a tensor of `size` elements goes through this compressor (else dense)."""
-        return self.collective != "dense" and size >= self.min_elements
 
     def payload_bytes(self, size: int) -> int:
         """Bytes one worker sends for a tensor of `size` float32 elements."""
@@ -140,11 +153,12 @@ class Compressor:
 class _Sparsifier(Compressor):
     """Payload (values [m] float32, indices [m] int32, -1 = empty); decode: one batched decode."""
 
-    def __init__(self, ratio, *, error_feedback=True, momentum=None, warmup_steps=0,
-                 min_elements=DEFAULT_MIN_ELEMENTS):
+    def __init__(self, ratio, *, error_feedback=True, artopk_owner="star", **kwargs):
         self.ratio = _check_ratio(ratio)
-        super().__init__(error_feedback=error_feedback, momentum=momentum, warmup_steps=warmup_steps,
-                         min_elements=min_elements)
+        if artopk_owner not in ("star", "var"):
+            raise ValueError(f"artopk_owner must be 'star' (round-robin) or 'var' (max variance), got {artopk_owner!r}")
+        self.artopk_owner = artopk_owner
+        super().__init__(error_feedback=error_feedback, **kwargs)
 
     def payload_length(self, size: int) -> int:
         return _num_selected(self.ratio, size)
@@ -169,8 +183,10 @@ class DRAGONN(_Sparsifier):
       slots_per_element: num_slots = max(1, round(slots_per_element * ratio * size)). Default 1
         (004's setting: about 63 % of the slots fill, 004 Lemma A.10).
       num_samples: elements sampled to estimate the threshold. Default 65536.
-      error_feedback, momentum, warmup_steps, min_elements: see `Compressor`. Default error
-        feedback on, no momentum correction, no warm-up, tensors of >= 1024 elements.
+      artopk_owner: whose indices AR-Topk buckets use (003 Alg. 1): "star" (round-robin over the
+        steps, default) or "var" (the worker whose accumulated gradient has the largest variance).
+      error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see `Compressor`.
+        Default error feedback on, no momentum correction, no warm-up, cost-model planning.
     Each worker hashes with its own seed, which changes every step.
     """
 
@@ -197,7 +213,8 @@ class DGC(_Sparsifier):
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
       num_samples: elements sampled to estimate the threshold. Default 65536.
-      error_feedback, momentum, warmup_steps, min_elements: see `Compressor`.
+      artopk_owner, error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see
+        `DRAGONN` and `Compressor`.
     """
 
     def __init__(self, ratio=0.001, *, num_samples=65536, **kwargs):
@@ -214,7 +231,8 @@ class TopK(_Sparsifier):
 
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
-      error_feedback, momentum, warmup_steps, min_elements: see `Compressor`.
+      artopk_owner, error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see
+        `DRAGONN` and `Compressor`.
     """
 
     def __init__(self, ratio=0.001, **kwargs):
@@ -230,16 +248,14 @@ class RandomK(Compressor):
 
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.01.
-      error_feedback, momentum, warmup_steps, min_elements: see `Compressor`.
+      error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see `Compressor`.
     """
 
     collective = "allreduce"
 
-    def __init__(self, ratio=0.01, *, error_feedback=True, momentum=None, warmup_steps=0,
-                 min_elements=DEFAULT_MIN_ELEMENTS):
+    def __init__(self, ratio=0.01, *, error_feedback=True, **kwargs):
         self.ratio = _check_ratio(ratio)
-        super().__init__(error_feedback=error_feedback, momentum=momentum, warmup_steps=warmup_steps,
-                         min_elements=min_elements)
+        super().__init__(error_feedback=error_feedback, **kwargs)
 
     def payload_bytes(self, size):
         return 4 * _num_selected(self.ratio, size)
@@ -265,12 +281,11 @@ class EFSignSGD(Compressor):
     byte, and one float32 scale (the mean magnitude). Payload: ceil(size / 8) + 4 bytes.
 
     Args:
-      error_feedback, momentum, warmup_steps, min_elements: see `Compressor` (error feedback on).
+      error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see `Compressor` (error feedback on).
     """
 
-    def __init__(self, *, error_feedback=True, momentum=None, warmup_steps=0, min_elements=DEFAULT_MIN_ELEMENTS):
-        super().__init__(error_feedback=error_feedback, momentum=momentum, warmup_steps=warmup_steps,
-                         min_elements=min_elements)
+    def __init__(self, *, error_feedback=True, **kwargs):
+        super().__init__(error_feedback=error_feedback, **kwargs)
 
     _BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -308,17 +323,16 @@ class QSGD(Compressor):
 
     Args:
       bits: 1 to 7 bits of magnitude (plus the sign). Default 4.
-      error_feedback: default False (QSGD is unbiased); momentum, warmup_steps, min_elements: see
+      error_feedback: default False (QSGD is unbiased); momentum, warmup_steps, planning, strategy,
+        min_elements: see
         `Compressor`.
     """
 
-    def __init__(self, bits=4, *, error_feedback=False, momentum=None, warmup_steps=0,
-                 min_elements=DEFAULT_MIN_ELEMENTS):
+    def __init__(self, bits=4, *, error_feedback=False, **kwargs):
         self.bits = _check_int("bits", bits, 1)
         if self.bits > 7:
             raise ValueError(f"bits must be an integer in [1, 7], got {bits!r}")
-        super().__init__(error_feedback=error_feedback, momentum=momentum, warmup_steps=warmup_steps,
-                         min_elements=min_elements)
+        super().__init__(error_feedback=error_feedback, **kwargs)
 
     def payload_bytes(self, size):
         return size + 4
@@ -356,6 +370,8 @@ class _DenseCompressor(Compressor):
 
 class FP16(_DenseCompressor):
     """Half-precision allreduce, exactly `hvd.Compression.fp16` (no error feedback)."""
+
+    dense_element_bytes = 2
 
     def payload_bytes(self, size):
         return 2 * size

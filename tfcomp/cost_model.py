@@ -14,8 +14,13 @@ Encode and decode times are affine in the number of elements, c0 + c1 * d (001 A
 fitted from measurements with `AffineCost.fit`. The 004 Eq. 1 test says compression pays for a
 tensor when encode + decode time < dense allreduce time - compressed exchange time.
 
-Not here yet: the 000 model of bucketed communication overlapping the backward pass, calibration on
-the running cluster, and the bucket plan (issue 4).
+Iteration times (000): with dense buckets overlapping the backward pass (Sec. 4.1),
+T = max(gamma T_comp, sum of all but the last bucket's times) + the last bucket's time; with
+compression after the backward pass (Appendix B), T = T_comp + T_encode_decode + T_comm.
+
+`ClusterModel` holds what calibration measures (`tfcomp.calibration`): the allreduce and allgather
+networks and the chosen compressor's encode+decode fit. `strategy_time` prices one bucket under one
+exchange strategy; `tfcomp.planning` searches the buckets and strategies with it.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from dataclasses import dataclass
 
 __all__ = [
     "AffineCost",
+    "ClusterModel",
     "Network",
+    "STRATEGIES",
+    "StrategyTime",
+    "available_strategies",
+    "compressed_iteration",
+    "overlapped_dense_iteration",
+    "strategy_time",
     "artopk_ring",
     "artopk_tree",
     "broadcast",
@@ -144,3 +156,105 @@ def compression_pays(dense_bytes: float, payload_bytes: float, workers: int, net
     and T_spr a ring allgather of every worker's payload."""
     saved = ring_allreduce(dense_bytes, workers, network) - ring_allgather(payload_bytes, workers, network)
     return encode_decode_seconds < saved
+
+
+def overlapped_dense_iteration(compute_seconds: float, bucket_seconds, gamma: float = 1.0) -> float:
+    """000 Sec. 4.1: backward pass plus synchronisation with k dense buckets overlapping the backward
+    pass, max(gamma T_comp, sum of the first k-1 bucket times) + the last bucket's time. gamma >= 1 is
+    the slowdown of the backward pass while communicating (000 measured 1.04 to 1.1)."""
+    times = [float(t) for t in bucket_seconds]
+    if not times:
+        return gamma * compute_seconds
+    return max(gamma * compute_seconds, sum(times[:-1])) + times[-1]
+
+
+def compressed_iteration(compute_seconds: float, encode_decode_seconds: float, communication_seconds: float) -> float:
+    """000 Appendix B: compression after the backward pass, T_comp + T_encode_decode + T_comm."""
+    return compute_seconds + encode_decode_seconds + communication_seconds
+
+
+# Exchange strategies of one bucket (see tfcomp.planning):
+#   dense      Horovod allreduce of the float32 tensors (fp16 on the wire for FP16)
+#   allgather  the compressor's payload from every worker (004), decoded together
+#   allreduce  payloads that add up: RandomK's values at indices drawn from a shared seed
+#   artopk     AR-Topk (003 Alg. 1): one owner's indices broadcast, values at them allreduced
+STRATEGIES = ("dense", "allgather", "allreduce", "artopk")
+
+
+def available_strategies(compressor) -> tuple:
+    """The strategies a compressor can run: dense always; its own collective; AR-Topk for the
+    index-value sparsifiers (DRAGONN, DGC, TopK)."""
+    if compressor.collective == "dense":
+        return ("dense",)
+    if compressor.collective == "allreduce":
+        return ("dense", "allreduce")
+    if hasattr(compressor, "payload_length"):
+        return ("dense", "allgather", "artopk")
+    return ("dense", "allgather")
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    """The figures the plan is made from: workers, the allreduce and allgather networks fitted by
+    calibration, and the compressor's encode+decode time per bucket of n float32 elements (encode,
+    the local decode for error feedback, and the decode of all K payloads)."""
+
+    workers: int
+    allreduce: Network
+    allgather: Network
+    encode_decode: AffineCost
+
+    def to_list(self) -> list:
+        """[workers, allreduce latency, bandwidth, allgather latency, bandwidth, c0, c1] (floats)."""
+        return [float(self.workers), self.allreduce.latency, self.allreduce.bandwidth,
+                self.allgather.latency, self.allgather.bandwidth, self.encode_decode.c0, self.encode_decode.c1]
+
+    @classmethod
+    def from_list(cls, values) -> "ClusterModel":
+        w, arl, arb, agl, agb, c0, c1 = (float(v) for v in values)
+        return cls(int(round(w)), Network(arl, arb), Network(agl, agb), AffineCost(c0, c1))
+
+
+@dataclass(frozen=True)
+class StrategyTime:
+    """Predicted seconds of one bucket: communication and compression (encode + decode)."""
+
+    communication: float
+    compression: float
+
+    @property
+    def total(self) -> float:
+        return self.communication + self.compression
+
+
+_NON_FINITE_COUNT_BYTES = 4  # the float32 count of non-finite values that rides with every payload
+
+
+def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterModel, *,
+                  tree: bool = False) -> StrategyTime:
+    """Seconds to exchange a bucket of `elements` float32 values with `strategy`.
+
+    dense: ring allreduce of the tensor (2 bytes per element for FP16). allgather: ring allgather of
+    the payload. allreduce: ring allreduce of the payload. artopk: broadcast of the owner's k int32
+    indices plus a ring (or, with tree=True, tree) allreduce of k float32 values, plus an allgather
+    of one float per worker when the owner is the max-variance worker (VAR).
+    """
+    k = cluster.workers
+    if strategy == "dense":
+        wire_bytes = compressor.dense_element_bytes * elements
+        return StrategyTime(ring_allreduce(wire_bytes, k, cluster.allreduce), 0.0)
+    if strategy not in available_strategies(compressor):
+        raise ValueError(f"strategy must be one of {available_strategies(compressor)} for {compressor!r}, "
+                         f"got {strategy!r}")
+    compression = cluster.encode_decode(elements)
+    payload = compressor.payload_bytes(elements) + _NON_FINITE_COUNT_BYTES
+    if strategy == "allgather":
+        return StrategyTime(ring_allgather(payload, k, cluster.allgather), compression)
+    if strategy == "allreduce":
+        return StrategyTime(ring_allreduce(payload, k, cluster.allreduce), compression)
+    selected = 4 * compressor.payload_length(elements)
+    reduce = tree_allreduce if tree else ring_allreduce
+    communication = broadcast(selected, k, cluster.allgather) + reduce(selected + _NON_FINITE_COUNT_BYTES, k, cluster.allreduce)
+    if getattr(compressor, "artopk_owner", "star") == "var":
+        communication += ring_allgather(4, k, cluster.allgather)
+    return StrategyTime(communication, compression)

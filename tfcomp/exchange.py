@@ -3,15 +3,18 @@
 `GradientExchange` is what Horovod's Keras `DistributedOptimizer` calls as its "allreduce grads"
 function once `tfcomp` is imported and a tfcomp compressor is given (see `tfcomp.horovod_glue`).
 For a list of gradients it returns the list of reduced gradients, averaged or summed over the
-process set as `op` says:
+process set as `op` says. On the first call it makes the plan (`tfcomp.planning`): the floating-point
+dense gradients, in backprop order, split into buckets, each with a strategy; with planning="auto"
+from the cost model calibrated on the cluster (`tfcomp.calibration`), checked equal on all ranks and
+printed on rank 0. Every step then:
 
-  * tensors the compressor handles (`compressor.compresses(size)`): add the error-feedback residual
-    (or DGC momentum correction), encode, keep the remainder as the new residual, send the payloads
-    in one grouped allgather (or one grouped allreduce for summable payloads), decode all K workers'
-    payloads of a tensor at once (one `sparse_batched_decode` for the sparsifiers), divide by K for
-    Average;
-  * every other dense tensor: Horovod's grouped allreduce with its own prescale/postscale factors
-    (fp16 on the wire for `tfcomp.FP16()`), i.e. exactly what plain Horovod does;
+  * compressed buckets: each tensor's gradient plus its error-feedback residual (or DGC momentum
+    correction), concatenated, encoded as one tensor (MergeComp), the remainder kept as the new
+    residuals; buckets of one strategy share one grouped collective: allgather (decoded by one
+    `sparse_batched_decode` of all K workers' payloads), allreduce (RandomK's shared indices), or
+    AR-Topk (the owner's indices broadcast, values at them allreduced); divided by K for Average;
+  * dense buckets and every other dense tensor: Horovod's grouped allreduce with its own
+    prescale/postscale factors (fp16 on the wire for `tfcomp.FP16()`), what plain Horovod does;
   * `tf.IndexedSlices` (embeddings) unless `sparse_as_dense`: Horovod's sparse allreduce (allgather).
 
 The first `compressor.warmup_steps` communicating steps send the compressible tensors dense (with
@@ -22,12 +25,16 @@ the residuals, derives the per-step seeds, equal on all ranks.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from tfcomp import calibration, ops, planning
 from tfcomp.compressors import Compressor, FP16
+from tfcomp.cost_model import AffineCost, ClusterModel, Network
 from tfcomp.memory import ErrorFeedback
 
 __all__ = ["GradientExchange", "TensorRecord"]
@@ -59,13 +66,48 @@ class _UntrackedFunction:
 @dataclass(frozen=True)
 class TensorRecord:
     """How one gradient is exchanged: name, elements, strategy, bytes per worker per step
-    (sent_bytes -1: depends on the step, as for IndexedSlices)."""
+    (sent_bytes -1: depends on the step, as for IndexedSlices; a compressed bucket's payload is
+    shared out by elements), and its bucket in the plan (-1: not planned)."""
 
     name: str
     elements: int
     strategy: str
     dense_bytes: int
     sent_bytes: int
+    bucket: int = -1
+
+
+class _Payload(NamedTuple):
+    """One bucket's wire tensors, what decoding needs besides them, and the dense value of what this
+    worker sent (float32 [n], for error feedback; None without)."""
+
+    wire: tuple
+    context: object
+    sent: object
+
+
+def _unpriced_cluster(workers: int) -> ClusterModel:
+    """Figures for plans made without calibration (planning="off"): nothing is priced."""
+    free = Network(0.0, 1e15)  # planning._rate shows it as not measured
+    return ClusterModel(workers, free, free, AffineCost(0.0, 0.0))
+
+
+def _concat(flats):
+    return flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
+
+
+def _split(flat, bucket, grads):
+    """The bucket's flat tensor cut back into its tensors' flat parts, in bucket order."""
+    if len(bucket.positions) == 1:
+        return [flat]
+    return tf.split(flat, [int(grads[i].shape.num_elements()) for i in bucket.positions])
+
+
+def _wire_bytes(compressor, bucket) -> int:
+    """Bytes one worker sends for a compressed bucket (AR-Topk: the values; the owner's indices too)."""
+    if bucket.strategy == "artopk":
+        return 4 * compressor.payload_length(bucket.elements)
+    return compressor.payload_bytes(bucket.elements)
 
 
 class GradientExchange(tf.Module):
@@ -95,6 +137,9 @@ class GradientExchange(tf.Module):
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="communication_step")
         self.records: tuple = ()
+        self.plan = None
+        self._plans = {}
+        self._cluster = None
         self._graph_fn = _UntrackedFunction(tf.function(self._exchange, autograph=False))
 
     def __call__(self, grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's signature)
@@ -107,11 +152,14 @@ class GradientExchange(tf.Module):
         present = [i for i, g in enumerate(grads) if g is not None]
         grads_in = [self._densify(grads[i], vars[i]) for i in present]
         vars_in = [vars[i] for i in present]
+        plan = self._plan_for(grads_in, vars_in)
         # Memory is created here, outside the exchange's tf.function, so that a variable whose
         # gradient first appears on a later call (a retrace) can still get its residual.
-        for g, v in zip(grads_in, vars_in):
-            if self._compresses(g) and self.compressor.error_feedback:
-                self.memory.residual(v, g.shape.num_elements(), with_momentum=self.compressor.momentum is not None)
+        if self.compressor.error_feedback:
+            for bucket in plan.compressed:
+                for position in bucket.positions:
+                    self.memory.residual(vars_in[position], grads_in[position].shape.num_elements(),
+                                         with_momentum=self.compressor.momentum is not None)
         reduced = self._graph_fn(grads_in, vars_in)
         out = list(grads)
         for i, r in zip(present, reduced):
@@ -124,9 +172,36 @@ class GradientExchange(tf.Module):
             return tf.reshape(tf.convert_to_tensor(grad), var.shape)
         return grad
 
-    def _compresses(self, grad) -> bool:
-        return (not isinstance(grad, tf.IndexedSlices) and grad.dtype.is_floating
-                and self.compressor.compresses(grad.shape.num_elements()))
+    # -- the plan ----------------------------------------------------------------------------------
+
+    def _plan_for(self, grads, vars):  # noqa: A002
+        """The plan for this list of gradients: made once per list of (name, shape, dtype), on the
+        first call, eagerly and on every rank at the same time (calibration and the digest check
+        are collectives), then reused by every retrace."""
+        candidates = [i for i, g in enumerate(grads)
+                      if not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating and self.compressor.collective != "dense"]
+        signature = tuple((getattr(vars[i], "name", str(i)), tuple(grads[i].shape), grads[i].dtype.name)
+                          for i in candidates)
+        if signature in self._plans:
+            self.plan = self._plans[signature]
+            return self.plan
+        # Backprop order: the last variables' gradients are computed first.
+        tensors = [(i, getattr(vars[i], "name", f"grad_{i}"), int(grads[i].shape.num_elements()))
+                   for i in reversed(candidates)]
+        with tf.init_scope():
+            if self.compressor.planning == "off" or not tensors:
+                plan = planning.per_tensor_plan(tensors, self.compressor, _unpriced_cluster(self.process_set.size()))
+            else:
+                if self._cluster is None:
+                    self._cluster = calibration.calibrate(self.compressor, self.process_set,
+                                                          max_elements=sum(n for _, _, n in tensors))
+                plan = planning.make_plan(tensors, self.compressor, self._cluster)
+            if self.process_set.size() > 1:
+                planning.check_same_plan(plan, self.process_set)
+        if self.process_set.rank() == 0 and self.process_set.size() > 1 and self.compressor.planning == "auto" and tensors:
+            print(plan.table(), flush=True)
+        self._plans[signature] = self.plan = plan
+        return plan
 
     # -- the graph ---------------------------------------------------------------------------------
 
@@ -148,27 +223,32 @@ class GradientExchange(tf.Module):
     def _record(self, grads, vars):  # noqa: A002
         """How each gradient will be exchanged (for describe())."""
         compressor = self.compressor
+        bucket_of = {p: (n, b) for n, b in enumerate(self.plan.buckets) for p in b.positions}
         records = []
         for i, (g, v) in enumerate(zip(grads, vars)):
             name = getattr(v, "name", f"grad_{i}")
             size = int(v.shape.num_elements())
             dense_bytes = g.dtype.size * size
+            number, bucket = bucket_of.get(i, (-1, None))
             if isinstance(g, tf.IndexedSlices):
-                records.append(TensorRecord(name, size, "sparse allgather", dense_bytes, -1))
-            elif self._compresses(g):
-                records.append(TensorRecord(name, size, f"{type(compressor).__name__} {compressor.collective}",
-                                            dense_bytes, compressor.payload_bytes(size)))
+                records.append(TensorRecord(name, size, "sparse allgather", dense_bytes, -1, number))
+            elif bucket is not None and bucket.strategy != "dense":
+                # The bucket's payload, shared out by elements.
+                sent = round(_wire_bytes(compressor, bucket) * size / bucket.elements)
+                records.append(TensorRecord(name, size, f"{type(compressor).__name__} {bucket.strategy}",
+                                            dense_bytes, sent, number))
             elif isinstance(compressor, FP16):
-                records.append(TensorRecord(name, size, "fp16 allreduce", dense_bytes, 2 * size))
+                records.append(TensorRecord(name, size, "fp16 allreduce", dense_bytes, 2 * size, number))
             else:
-                records.append(TensorRecord(name, size, "allreduce", dense_bytes, dense_bytes))
+                records.append(TensorRecord(name, size, "allreduce", dense_bytes, dense_bytes, number))
         self.records = tuple(records)
 
     def _exchange(self, grads, vars):  # noqa: A002
         self._record(grads, vars)
         out = [None] * len(grads)
-        compressed = [i for i, g in enumerate(grads) if self._compresses(g)]
-        dense = [i for i, g in enumerate(grads) if i not in compressed and not isinstance(g, tf.IndexedSlices)]
+        compressed = self.plan.compressed
+        in_compressed = {p for b in compressed for p in b.positions}
+        dense = [i for i, g in enumerate(grads) if i not in in_compressed and not isinstance(g, tf.IndexedSlices)]
         prescale, postscale = self._dense_factors()
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
@@ -177,13 +257,13 @@ class GradientExchange(tf.Module):
         for i, r in zip(dense, self._allreduce_dense([grads[i] for i in dense])):
             out[i] = r
         if compressed:
-            accumulated = [self._accumulate(grads[i], vars[i]) for i in compressed]
+            accumulated = [self._accumulate_bucket(b, grads, vars) for b in compressed]
             if self.compressor.warmup_steps > 0:
                 reduced, memory = tf.cond(self.step < self.compressor.warmup_steps,
                                           lambda: self._send_dense(accumulated),
-                                          lambda: self._send_compressed(accumulated))
+                                          lambda: self._send_compressed(accumulated, compressed))
             else:
-                reduced, memory = self._send_compressed(accumulated)
+                reduced, memory = self._send_compressed(accumulated, compressed)
             if self.compressor.error_feedback:
                 # A step whose reduced gradients are not all finite is one a loss-scale optimizer
                 # skips: the memory stays as it was.
@@ -191,17 +271,25 @@ class GradientExchange(tf.Module):
                           for r in list(reduced) + [o for o in out if o is not None]]
                 keep = tf.logical_not(tf.reduce_all(finite))
                 updates = []
-                for i, (new_residual, new_momentum) in zip(compressed, memory):
-                    updates += self._update_memory(vars[i], new_residual, new_momentum, keep)
+                for bucket, (new_residual, new_momentum) in zip(compressed, memory):
+                    updates += self._update_memory(bucket, grads, vars, new_residual, new_momentum, keep)
                 with tf.control_dependencies(updates):
                     reduced = [tf.identity(r) for r in reduced]
-            for i, r in zip(compressed, reduced):
-                out[i] = tf.cast(tf.reshape(r, tf.shape(grads[i])), grads[i].dtype)
+            for bucket, total in zip(compressed, reduced):
+                for i, part in zip(bucket.positions, _split(total, bucket, grads)):
+                    out[i] = tf.cast(tf.reshape(part, tf.shape(grads[i])), grads[i].dtype)
         self.step.assign_add(1)
         return out
 
+    def _accumulate_bucket(self, bucket, grads, vars):  # noqa: A002
+        """(flat float32 gradients plus memory of the bucket's tensors, concatenated; DGC momentum or None)."""
+        parts = [self._accumulate(grads[i], vars[i]) for i in bucket.positions]
+        accumulated = _concat([acc for acc, _ in parts])
+        momentum = None if parts[0][1] is None else _concat([m for _, m in parts])
+        return accumulated, momentum
+
     def _accumulate(self, grad, var):
-        """(flat float32 gradient plus memory, DGC momentum or None) of one compressed tensor."""
+        """(flat float32 gradient plus memory of one tensor, DGC momentum or None)."""
         compressor = self.compressor
         flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
         if not compressor.error_feedback:
@@ -213,51 +301,89 @@ class GradientExchange(tf.Module):
         momentum = compressor.momentum * self.memory.momentum(var, size) + flat
         return residual + momentum, momentum
 
-    def _update_memory(self, var, new_residual, new_momentum, keep):
-        """Assigns the new memory of `var` unless `keep` (a bool tensor) says to leave it."""
-        size = int(new_residual.shape[0])
-        residual = self.memory.residual(var, size, with_momentum=new_momentum is not None)
-        updates = [residual.assign(tf.where(keep, residual, new_residual))]
-        if new_momentum is not None:
-            momentum = self.memory.momentum(var, size)
-            updates.append(momentum.assign(tf.where(keep, momentum, new_momentum)))
+    def _update_memory(self, bucket, grads, vars, new_residual, new_momentum, keep):  # noqa: A002
+        """Assigns the new memory of the bucket's variables unless `keep` (a bool tensor) says not to."""
+        residuals = _split(new_residual, bucket, grads)
+        momenta = [None] * len(residuals) if new_momentum is None else _split(new_momentum, bucket, grads)
+        updates = []
+        for i, part, momentum_part in zip(bucket.positions, residuals, momenta):
+            size = int(part.shape[0])
+            residual = self.memory.residual(vars[i], size, with_momentum=momentum_part is not None)
+            updates.append(residual.assign(tf.where(keep, residual, part)))
+            if momentum_part is not None:
+                momentum = self.memory.momentum(vars[i], size)
+                updates.append(momentum.assign(tf.where(keep, momentum, momentum_part)))
         return updates
 
-    def _send_compressed(self, accumulated):
-        """Encodes, exchanges and decodes the accumulated tensors.
+    def _send_compressed(self, accumulated, buckets):
+        """Encodes, exchanges and decodes the accumulated buckets.
 
-        Returns (reduced tensors, [(new residual, new momentum or None)] or []). A non-finite value
-        anywhere in any worker's accumulated tensors makes every reduced tensor NaN, as a dense
-        allreduce would, even where the compressor did not send that value; the count of such
-        values rides along in the same grouped collective.
+        Returns (reduced buckets, [(new residual, new momentum or None)] or []). Buckets of one
+        strategy share one grouped collective. A non-finite value anywhere in a bucket on any worker
+        makes the bucket's reduced values NaN, as a dense allreduce would, even where the compressor
+        did not send that value: each bucket's count of such values rides along with its payload.
         """
         compressor = self.compressor
         num_workers = self.process_set.size()
         worker = self.process_set.rank()
-        encoded, memory = [], []
-        for position, (acc, momentum) in enumerate(accumulated):
-            enc = compressor.encode(acc, self.step * 65536 + position, worker)
-            encoded.append(enc)
+        payloads, memory = [], []
+        for position, ((acc, momentum), bucket) in enumerate(zip(accumulated, buckets)):
+            seed = self.step * 65536 + position
+            if bucket.strategy == "artopk":
+                payload = self._artopk_payload(acc, seed, worker, num_workers)
+            else:
+                encoded = compressor.encode(acc, seed, worker)
+                payload = _Payload(encoded.wire, encoded.context,
+                                   compressor.decode_local(encoded, int(acc.shape[0])) if compressor.error_feedback else None)
+            non_finite = tf.reshape(tf.reduce_sum(tf.cast(~tf.math.is_finite(acc), tf.float32)), [1])
+            payloads.append(payload._replace(wire=tuple(payload.wire) + (non_finite,)))
             if compressor.error_feedback:
-                sent = compressor.decode_local(enc, int(acc.shape[0]))
-                new_momentum = None if momentum is None else tf.where(sent != 0, 0.0, momentum)
-                memory.append((acc - sent, new_momentum))
-        non_finite = tf.reshape(tf.add_n([tf.reduce_sum(tf.cast(~tf.math.is_finite(acc), tf.float32))
-                                          for acc, _ in accumulated]), [1])
-        wires = [t for enc in encoded for t in enc.wire] + [non_finite]
-        if compressor.collective == "allreduce":
-            exchanged = _grouped_by_dtype(hvd.grouped_allreduce, wires, op=hvd.Sum, process_set=self.process_set)
-        else:
-            exchanged = _grouped_by_dtype(hvd.grouped_allgather, wires, process_set=self.process_set)
-        any_non_finite = tf.reduce_sum(exchanged[-1]) > 0
-        reduced, start = [], 0
-        for enc, (acc, _) in zip(encoded, accumulated):
-            received = tuple(exchanged[start:start + len(enc.wire)])
-            start += len(enc.wire)
-            total = compressor.decode_sum(received, enc.context, int(acc.shape[0]), num_workers)
+                new_momentum = None if momentum is None else tf.where(payload.sent != 0, 0.0, momentum)
+                memory.append((acc - payload.sent, new_momentum))
+        received = [None] * len(buckets)
+        for strategy in ("allgather", "allreduce", "artopk"):
+            members = [n for n, b in enumerate(buckets) if b.strategy == strategy]
+            if not members:
+                continue
+            wires = [t for n in members for t in payloads[n].wire]
+            if strategy == "allgather":
+                exchanged = _grouped_by_dtype(hvd.grouped_allgather, wires, process_set=self.process_set)
+            else:
+                exchanged = _grouped_by_dtype(hvd.grouped_allreduce, wires, op=hvd.Sum, process_set=self.process_set)
+            start = 0
+            for n in members:
+                received[n] = tuple(exchanged[start:start + len(payloads[n].wire)])
+                start += len(payloads[n].wire)
+        reduced = []
+        for (acc, _), bucket, payload, wire in zip(accumulated, buckets, payloads, received):
+            size = int(acc.shape[0])
+            if bucket.strategy == "artopk":
+                total = ops.sparse_batched_decode(wire[0], payload.context, size)
+            else:
+                total = compressor.decode_sum(wire[:-1], payload.context, size, num_workers)
             total = total / num_workers if self.op == hvd.Average else total
-            reduced.append(tf.where(any_non_finite, float("nan"), total))
+            reduced.append(tf.where(tf.reduce_sum(wire[-1]) > 0, float("nan"), total))
         return reduced, memory
+
+    def _artopk_payload(self, acc, seed, worker, num_workers):
+        """AR-Topk (003 Algorithm 1): the owner's selected indices are broadcast, every worker sends
+        its values at them (to be summed by allreduce). Owner: round-robin over steps (STAR), or the
+        worker whose accumulated gradient has the largest variance (VAR, ties to the lowest rank)."""
+        _, own_indices = self.compressor.encode(acc, seed, worker).wire
+        if self.compressor.artopk_owner == "var":
+            variances = hvd.allgather(tf.reshape(tf.math.reduce_variance(acc), [1]), process_set=self.process_set)
+            owner = tf.cast(tf.argmax(variances), tf.int32)
+        else:
+            owner = tf.cast(self.step % num_workers, tf.int32)
+        indices = tf.switch_case(owner, [
+            functools.partial(hvd.broadcast, own_indices, root, process_set=self.process_set,
+                              name=f"tfcomp_artopk_indices_from_{root}")
+            for root in range(num_workers)
+        ])
+        values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
+        size = int(acc.shape[0])
+        sent = ops.sparse_batched_decode(values, indices, size) if self.compressor.error_feedback else None
+        return _Payload((values,), indices, sent)
 
     def _send_dense(self, accumulated):
         """Warm-up: gradient plus residual sent dense; the memory is then empty."""

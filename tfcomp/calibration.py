@@ -1,0 +1,197 @@
+"""Calibration of the cost model on the running cluster, at start-up, in a few seconds.
+
+`calibrate(compressor, process_set, max_elements)` returns a `tfcomp.cost_model.ClusterModel`:
+
+  * the allreduce and allgather networks: latency from a tiny collective (one float32), bandwidth
+    from a large one (1 MiB, grown 4x at a time up to 64 MiB until it takes 25 ms), each the median
+    of a few timed runs after a warm-up, fitted to the ring formulas of `tfcomp.cost_model`;
+  * the compressor's encode+decode time as `c0 + c1 * elements`, fitted to the median times of the
+    per-bucket compression pipeline the exchange runs (accumulate, encode, local decode, residual,
+    decode of all K workers' payloads) at sizes from 2^12 up to the largest bucket (at most 2^23).
+
+Every rank measures (so that the figures include the contention of all workers computing at once),
+and rank 0's figures are broadcast, so every rank plans from the same numbers. Rank 0 caches them
+in a JSON file (`TFCOMP_CALIBRATION_CACHE`, default `~/.cache/tfcomp/calibration.json`; "none"
+turns the cache off) keyed by the machine (rank 0's host name and CPU), the world layout, the
+TensorFlow and tfcomp versions and the compressor's settings; a change of any of them measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+from tfcomp.cost_model import AffineCost, ClusterModel, Network, available_strategies
+
+__all__ = ["CACHE_ENV", "calibrate", "cache_key", "compression_round_trip"]
+
+CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
+_DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
+_LARGE_START_ELEMENTS = 2**18      # 1 MiB of float32
+_LARGE_MAX_ELEMENTS = 2**24        # 64 MiB
+_LARGE_TARGET_SECONDS = 0.025
+_ENCODE_SIZES = (2**12, 2**15, 2**18, 2**21, 2**23)
+_UNREACHABLE = Network(0.0, 1e15)  # one worker sends nothing; any network prices that at 0
+
+
+def _median_seconds(run, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _rank0_value(value: float, process_set) -> float:
+    """Rank 0's float, on every rank (decisions that change the sequence of collectives must agree)."""
+    sent = tf.constant([value], tf.float64)
+    return float(hvd.broadcast(sent, 0, process_set=process_set, name="tfcomp_calibration_decision").numpy()[0])
+
+
+def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, hops: float, bytes_per_hop: float) -> Network:
+    """Solves t = hops * (alpha + S_hop / B) from a tiny (S ~ 0) and a large measurement."""
+    latency = tiny_seconds / hops
+    per_byte = max(large_seconds - tiny_seconds, 1e-9) / (hops * bytes_per_hop * large_bytes)
+    return Network(latency, 1.0 / per_byte)
+
+
+def _measure_networks(process_set) -> tuple:
+    """(allreduce Network, allgather Network) for this process set."""
+    k = process_set.size()
+
+    def allreduce(x):
+        return lambda: hvd.allreduce(x, op=hvd.Sum, process_set=process_set, name="tfcomp_calibration_allreduce").numpy()
+
+    def allgather(x):
+        return lambda: hvd.allgather(x, process_set=process_set, name="tfcomp_calibration_allgather").numpy()
+
+    tiny = tf.ones([1], tf.float32)
+    tiny_ar = _median_seconds(allreduce(tiny), repeats=9, warmup=3)
+    tiny_ag = _median_seconds(allgather(tiny), repeats=9, warmup=3)
+    elements = _LARGE_START_ELEMENTS
+    while True:
+        large = tf.random.stateless_normal([elements], seed=[7, elements])
+        large_ar = _rank0_value(_median_seconds(allreduce(large), repeats=3), process_set)
+        if large_ar >= _LARGE_TARGET_SECONDS or elements >= _LARGE_MAX_ELEMENTS:
+            break
+        elements *= 4
+    large_ag = _median_seconds(allgather(large), repeats=3)
+    size = 4.0 * elements
+    # ring allreduce: 2 (K-1) hops of S/K bytes; ring allgather: K-1 hops of S bytes.
+    return (_fit_network(tiny_ar, large_ar, size, 2 * (k - 1), 1.0 / k),
+            _fit_network(tiny_ag, large_ag, size, k - 1, 1.0))
+
+
+def compression_round_trip(compressor, flat: tf.Tensor, num_workers: int, seed: tf.Tensor):
+    """The per-bucket compression work of one step without the collective: accumulate, encode, local
+    decode, residual, non-finite count, and the decode of `num_workers` payloads (this worker's,
+    repeated as the allgather would deliver K of them). Returns (reduced sum, residual), float32 [n]."""
+    size = int(flat.shape[0])
+    accumulated = flat + flat
+    encoded = compressor.encode(accumulated, seed, 0)
+    residual = accumulated - compressor.decode_local(encoded, size)
+    non_finite = tf.reduce_sum(tf.cast(~tf.math.is_finite(accumulated), tf.float32))
+    if compressor.collective == "allreduce":
+        received = encoded.wire
+    else:
+        received = tuple(tf.concat([w] * num_workers, axis=0) for w in encoded.wire)
+    total = compressor.decode_sum(received, encoded.context, size, num_workers)
+    return tf.where(non_finite > 0, float("nan"), total), residual
+
+
+def _measure_compression(compressor, num_workers: int, max_elements: int) -> AffineCost:
+    sizes = [s for s in _ENCODE_SIZES if s < max_elements] + [min(max(max_elements, 2), _ENCODE_SIZES[-1])]
+    sizes = sorted(set(sizes))
+    if len(sizes) < 2:
+        sizes = [max(sizes[0] // 2, 1), sizes[0]]
+    seconds = []
+    for size in sizes:
+        flat = tf.random.stateless_normal([size], seed=[11, size])
+        run_once = tf.function(lambda x: compression_round_trip(compressor, x, num_workers, tf.constant(3, tf.int64)),
+                               autograph=False)
+        seconds.append(_median_seconds(lambda: run_once(flat), repeats=5, warmup=2))
+    return AffineCost.fit(sizes, seconds)
+
+
+def cache_key(compressor, process_set) -> str:
+    """What the cached figures depend on; any change measures again."""
+    layout = [hvd.size(), hvd.local_size(), hvd.cross_size(), process_set.size()]
+    parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count()), str(layout),
+             tf.__version__, _tfcomp_version(), repr(compressor)]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def _tfcomp_version() -> str:
+    from tfcomp.version import __version__
+
+    return __version__
+
+
+def _cache_path():
+    setting = os.environ.get(CACHE_ENV, _DEFAULT_CACHE)
+    return None if setting.strip().lower() in ("", "none", "off") else os.path.expanduser(setting)
+
+
+def _read_cache(path, key):
+    try:
+        with open(path) as f:
+            entry = json.load(f).get(key)
+        return None if entry is None else ClusterModel.from_list(entry["figures"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cache(path, key, model: ClusterModel) -> None:
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        try:
+            with open(path) as f:
+                entries = json.load(f)
+        except (OSError, ValueError):
+            entries = {}
+        entries[key] = {"figures": model.to_list(), "host": platform.node(), "time": time.time()}
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as f:
+            json.dump(entries, f, indent=1)
+        os.replace(temporary, path)
+    except OSError as error:  # a read-only home must not stop training
+        print(f"tfcomp: could not write the calibration cache {path}: {error}", flush=True)
+
+
+def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
+    """This rank's measurements (every rank runs the same collectives in the same order)."""
+    allreduce, allgather = _measure_networks(process_set)
+    compression = AffineCost(0.0, 0.0)
+    if available_strategies(compressor) != ("dense",):
+        compression = _measure_compression(compressor, process_set.size(), max_elements)
+    return ClusterModel(process_set.size(), allreduce, allgather, compression)
+
+
+def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23) -> ClusterModel:
+    """The cluster's figures, rank 0's on every rank. Runs eagerly; every rank of `process_set` must
+    call it at the same point (the exchange does, on its first step)."""
+    workers = process_set.size()
+    if workers == 1:
+        return ClusterModel(1, _UNREACHABLE, _UNREACHABLE, AffineCost(0.0, 0.0))
+    path, key = _cache_path(), cache_key(compressor, process_set)
+    cached = _read_cache(path, key) if path and process_set.rank() == 0 else None
+    if _rank0_value(0.0 if cached is None else 1.0, process_set) == 0.0:
+        model = _measure(compressor, process_set, max_elements)
+        if path and process_set.rank() == 0:
+            _write_cache(path, key, model)
+    else:
+        model = cached if cached is not None else ClusterModel(workers, _UNREACHABLE, _UNREACHABLE, AffineCost(0, 0))
+    figures = tf.constant(model.to_list(), tf.float64)
+    shared = hvd.broadcast(figures, 0, process_set=process_set, name="tfcomp_calibration_figures").numpy()
+    return ClusterModel.from_list(np.asarray(shared, dtype=np.float64))
