@@ -23,7 +23,7 @@ bench: setup      ## kernel benchmark; writes benchmarks/results/kernel_benchmar
 
 run: setup        ## the main job: 2 Horovod workers train an MLP on digits with DRAGONN (1 %), print the compression table
 	horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/train_keras.py --compressor=dragonn --ratio=0.01 \
-	    --momentum=0.9 --dataset=digits --model=mlp --epochs=20
+	    --momentum=0.9 --strategy=allgather --dataset=digits --model=mlp --epochs=20
 
 clean:
 	bazel clean

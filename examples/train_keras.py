@@ -7,7 +7,8 @@ Two workers on one machine, DRAGONN keeping 1 % of every large gradient:
 
 Other settings: `--compressor=dgc --momentum=0.9` (DGC momentum correction: the momentum moves into
 the error feedback, so the inner optimizer becomes plain SGD), `--warmup_steps=N` (N dense steps
-first), `--entry=tfcomp` (`tfcomp.DistributedOptimizer` instead of `hvd.DistributedOptimizer`),
+first), `--planning=off` (compress tensor by tensor instead of the cost model's buckets),
+`--strategy=allgather` (force a strategy for every bucket), `--entry=tfcomp` (`tfcomp.DistributedOptimizer` instead of `hvd.DistributedOptimizer`),
 `--log_json=PATH` (rank 0 writes the metrics and compression statistics as JSON).
 
 Data: `digits` is scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package,
@@ -49,6 +50,11 @@ flags.DEFINE_enum("compressor", "dragonn",
                   "Gradient compressor.")
 flags.DEFINE_float("ratio", 0.01, "Fraction of elements sent by the sparsifiers (dragonn, dgc, topk, randomk).")
 flags.DEFINE_integer("warmup_steps", 0, "Communicating steps sent dense before compression starts.")
+flags.DEFINE_enum("planning", "auto", ["auto", "off"],
+                  "auto: calibrate and let the cost model choose buckets and strategies; off: compress every "
+                  "tensor of >= 1024 elements on its own.")
+flags.DEFINE_enum("strategy", None, ["dense", "allgather", "allreduce", "artopk"],
+                  "Force this strategy for every bucket (unset: the cost model chooses).")
 flags.DEFINE_float("momentum", None,
                    "DGC momentum-correction factor in [0, 1); unset: plain residual error feedback.")
 flags.DEFINE_enum("entry", "horovod", ["horovod", "tfcomp"],
@@ -69,7 +75,7 @@ _OPTIMIZER_MOMENTUM = 0.9
 _TEST_FRACTION = 0.2
 _SYNTHETIC_SIZES = (4096, 1024)  # train, test
 _NUM_CLASSES = 10
-_LOGGED_FLAGS = ("compressor", "ratio", "warmup_steps", "momentum", "entry", "model", "dataset", "epochs",
+_LOGGED_FLAGS = ("compressor", "ratio", "warmup_steps", "planning", "strategy", "momentum", "entry", "model", "dataset", "epochs",
                  "batch_size", "lr", "seed", "optimizer")
 
 
@@ -157,13 +163,13 @@ def build_model(kind: str, input_shape) -> tf.keras.Model:
     return tf.keras.Sequential([tf.keras.Input(input_shape), *layers, tf.keras.layers.Dense(_NUM_CLASSES)])
 
 
-def make_compression(name: str, ratio: float, warmup_steps: int, momentum):
+def make_compression(name: str, ratio: float, warmup_steps: int, momentum, planning="auto", strategy=None):
     """The `compression=` argument: a tfcomp compressor, or Horovod's Compression.none / .fp16."""
     if name in ("none", "fp16"):
-        if momentum is not None or warmup_steps:
-            raise app.UsageError("--momentum and --warmup_steps need a compressing --compressor")
+        if momentum is not None or warmup_steps or strategy:
+            raise app.UsageError("--momentum, --warmup_steps and --strategy need a compressing --compressor")
         return hvd.Compression.none if name == "none" else hvd.Compression.fp16
-    kwargs = {"warmup_steps": warmup_steps, "momentum": momentum}
+    kwargs = {"warmup_steps": warmup_steps, "momentum": momentum, "planning": planning, "strategy": strategy}
     if name in _SPARSIFIERS:
         return _SPARSIFIERS[name](ratio, **kwargs)
     if name == "efsignsgd":
@@ -210,7 +216,8 @@ def main(argv):
              .shuffle(len(x_shard), seed=FLAGS.seed + hvd.rank())
              .batch(FLAGS.batch_size))
 
-    compression = make_compression(FLAGS.compressor, FLAGS.ratio, FLAGS.warmup_steps, FLAGS.momentum)
+    compression = make_compression(FLAGS.compressor, FLAGS.ratio, FLAGS.warmup_steps, FLAGS.momentum,
+                                   FLAGS.planning, FLAGS.strategy)
     optimizer = build_optimizer(compression, FLAGS.entry, FLAGS.lr, FLAGS.optimizer, FLAGS.momentum)
     model = build_model(FLAGS.model, x_train.shape[1:])
     model.compile(optimizer=optimizer, metrics=["accuracy"],

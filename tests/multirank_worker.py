@@ -9,6 +9,7 @@ flags); the pytest side asserts on them, so a failure shows what was measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import tempfile
@@ -34,6 +35,12 @@ COMPRESSORS = {
     "NoCompression": tfcomp.NoCompression,
     "DGC+momentum": lambda: tfcomp.DGC(0.05, momentum=0.9, planning="off", min_elements=256),
     "DRAGONN+warmup": lambda: tfcomp.DRAGONN(0.05, warmup_steps=2, planning="off", min_elements=256),
+    # Cost-model planning: calibrated, tensors merged into buckets, one strategy forced or chosen.
+    "DRAGONN buckets": lambda: tfcomp.DRAGONN(0.05, strategy="allgather"),
+    "DRAGONN AR-Topk STAR": lambda: tfcomp.DRAGONN(0.05, strategy="artopk"),
+    "TopK AR-Topk VAR": lambda: tfcomp.TopK(0.05, strategy="artopk", artopk_owner="var"),
+    "RandomK buckets": lambda: tfcomp.RandomK(0.05, strategy="allreduce"),
+    "DRAGONN auto plan": lambda: tfcomp.DRAGONN(0.05),
 }
 
 
@@ -229,13 +236,74 @@ def check_loss_scale_skip(report):
     report["loss_scale/scale_after_skip"] = float(opt.loss_scale.numpy())
 
 
+def check_planning(report):
+    """The plan is the same on every rank, also when one rank measured different figures; a rank
+    that makes a different plan makes every rank raise, and nobody hangs."""
+    rng = np.random.default_rng(5 + hvd.rank())
+    shapes = [(300, 200), (200,), (200, 50), (50,)]
+    variables = [tf.Variable(tf.zeros(s)) for s in shapes]
+    grads = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in shapes]
+
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.01))
+    exchange(grads, variables)
+    report["plan/digest"] = str(exchange.plan.digest())
+    report["plan/cluster"] = exchange.plan.cluster.to_list()
+    report["plan/strategies"] = [b.strategy for b in exchange.plan.buckets]
+
+    original_measure = tfcomp.calibration._measure
+    original_cache = os.environ.get(tfcomp.calibration.CACHE_ENV)
+    os.environ[tfcomp.calibration.CACHE_ENV] = "none"
+
+    def perturbed(*args, **kwargs):
+        model = original_measure(*args, **kwargs)
+        if hvd.rank() != 1:
+            return model
+        slow = tfcomp.cost_model.Network(model.allgather.latency * 100, model.allgather.bandwidth / 1000)
+        report["plan/perturbed_own_bandwidth"] = slow.bandwidth
+        return tfcomp.cost_model.ClusterModel(model.workers, slow, slow, tfcomp.cost_model.AffineCost(0.0, 0.0))
+
+    tfcomp.calibration._measure = perturbed
+    try:
+        exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.02))
+        reduced = exchange(grads, variables)
+        report["plan/perturbed_digest"] = str(exchange.plan.digest())
+        report["plan/perturbed_cluster"] = exchange.plan.cluster.to_list()
+        report["plan/perturbed_finite"] = bool(all(np.all(np.isfinite(r.numpy())) for r in reduced))
+    finally:
+        tfcomp.calibration._measure = original_measure
+        if original_cache is None:
+            del os.environ[tfcomp.calibration.CACHE_ENV]
+        else:
+            os.environ[tfcomp.calibration.CACHE_ENV] = original_cache
+
+    original_make_plan = tfcomp.planning.make_plan
+
+    def different_on_rank_1(tensors, compressor, cluster, **kwargs):
+        plan = original_make_plan(tensors, compressor, cluster, **kwargs)
+        if hvd.rank() == 1:  # rank 1 splits its first bucket off
+            first = plan.buckets[0]
+            alone = dataclasses.replace(first, positions=first.positions[:1], strategy="dense")
+            plan = dataclasses.replace(plan, buckets=(alone,) + plan.buckets)
+        return plan
+
+    tfcomp.planning.make_plan = different_on_rank_1
+    try:
+        tfcomp.GradientExchange(tfcomp.DRAGONN(0.03))(grads, variables)
+        report["plan/mismatch_error"] = ""
+    except tfcomp.planning.PlanMismatchError as error:
+        report["plan/mismatch_error"] = str(error).splitlines()[0]
+    finally:
+        tfcomp.planning.make_plan = original_make_plan
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     hvd.init()
     report = {"size": hvd.size(), "rank": hvd.rank()}
-    for check in (check_exchange_semantics, check_training, check_embedding, check_checkpoint, check_loss_scale_skip):
+    for check in (check_exchange_semantics, check_training, check_embedding, check_checkpoint, check_loss_scale_skip,
+                  check_planning):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

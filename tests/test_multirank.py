@@ -24,7 +24,9 @@ def reports(request, tmp_path_factory):
     num_workers = request.param
     out = tmp_path_factory.mktemp(f"multirank{num_workers}")
     command = [*horovodrun(num_workers), sys.executable, "-m", "tests.multirank_worker", "--out", str(out)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=1200)
+    # A fresh calibration cache: the first exchange of each compressor measures, later ones reuse it.
+    env = child_env(TFCOMP_CALIBRATION_CACHE=str(out / "calibration.json"))
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     files = sorted(glob.glob(str(out / "rank*.json")))
     assert len(files) == num_workers, files
@@ -42,6 +44,7 @@ def values(reports, prefix):
 def test_weights_identical_on_all_ranks(reports):
     spreads = values(reports, "spread")
     expected = {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "FP16", "NoCompression",
+                "DRAGONN buckets", "DRAGONN AR-Topk STAR", "TopK AR-Topk VAR", "RandomK buckets", "DRAGONN auto plan",
                 "hvd.Compression.none", "hvd.Compression.fp16", "eager", "legacy_optimizer", "embedding",
                 "backward_passes_per_step=2", "DGC+momentum", "DRAGONN+warmup", "gradient_predivide_factor=2",
                 "op=Sum", "embedding sparse_as_dense"}
@@ -64,7 +67,8 @@ def test_reduced_gradient_is_the_average_of_what_workers_sent(reports):
     # Error feedback conserves mass: sent = gradient + old memory - new memory, and the reduced
     # gradient is the average of the workers' sent tensors (float32 summation order aside).
     worst = values(reports, "average_of_sent")
-    assert {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD+EF", "DGC+momentum"} <= set(worst)
+    assert {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD+EF", "DGC+momentum", "DRAGONN buckets",
+            "DRAGONN AR-Topk STAR", "TopK AR-Topk VAR", "RandomK buckets"} <= set(worst)
     assert {n: w for n, w in worst.items() if max(w) > (FP16_TOLERANCE if n == "FP16" else FLOAT_TOLERANCE)} == {}
 
 
@@ -105,3 +109,24 @@ def test_skipped_loss_scale_step_leaves_residuals_untouched(reports):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_plan_is_the_same_on_every_rank(reports):
+    assert len({r["plan/digest"] for r in reports}) == 1
+    assert all(r["plan/cluster"] == reports[0]["plan/cluster"] for r in reports)
+    workers, ar_latency, ar_bandwidth, ag_latency, ag_bandwidth, c0, c1 = reports[0]["plan/cluster"]
+    assert workers == len(reports) and min(ar_bandwidth, ag_bandwidth) > 1e6 and c1 > 0
+    assert set(reports[0]["plan/strategies"]) <= {"dense", "allgather", "artopk"}
+
+
+def test_perturbed_calibration_on_one_rank_still_gives_one_plan(reports):
+    # Rank 1 measured a network 1000x slower and free compression; rank 0's figures win everywhere.
+    assert reports[1]["plan/perturbed_own_bandwidth"] * 100 < reports[0]["plan/perturbed_cluster"][2]
+    assert len({r["plan/perturbed_digest"] for r in reports}) == 1
+    assert all(r["plan/perturbed_cluster"] == reports[0]["plan/perturbed_cluster"] for r in reports)
+    assert all(r["plan/perturbed_finite"] for r in reports)
+
+
+def test_different_plans_raise_on_every_rank(reports):
+    messages = [r["plan/mismatch_error"] for r in reports]
+    assert all(m.startswith("tfcomp: the ranks made different exchange plans") for m in messages), messages

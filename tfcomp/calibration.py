@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, available_strategies
 
-__all__ = ["CACHE_ENV", "calibrate", "cache_key", "compression_round_trip"]
+__all__ = ["CACHE_ENV", "cache_key", "calibrate", "compression_round_trip", "measure_compression"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
@@ -110,7 +110,8 @@ def compression_round_trip(compressor, flat: tf.Tensor, num_workers: int, seed: 
     return tf.where(non_finite > 0, float("nan"), total), residual
 
 
-def _measure_compression(compressor, num_workers: int, max_elements: int) -> AffineCost:
+def measure_compression(compressor, num_workers: int, max_elements: int) -> AffineCost:
+    """The affine fit of `compression_round_trip`'s median time at sizes up to max_elements (2^23 at most)."""
     sizes = [s for s in _ENCODE_SIZES if s < max_elements] + [min(max(max_elements, 2), _ENCODE_SIZES[-1])]
     sizes = sorted(set(sizes))
     if len(sizes) < 2:
@@ -174,7 +175,7 @@ def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
     allreduce, allgather = _measure_networks(process_set)
     compression = AffineCost(0.0, 0.0)
     if available_strategies(compressor) != ("dense",):
-        compression = _measure_compression(compressor, process_set.size(), max_elements)
+        compression = measure_compression(compressor, process_set.size(), max_elements)
     return ClusterModel(process_set.size(), allreduce, allgather, compression)
 
 

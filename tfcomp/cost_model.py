@@ -55,21 +55,24 @@ _BANDWIDTH_UNITS = {"bps": 1 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 
                     "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
 
 
-def _parse(text: str, units: dict, argument: str, example: str) -> float:
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-z/]+)\s*", str(text).lower())
+def _parse(text: str, units: dict, argument: str, example: str, allow_zero: bool) -> float:
+    match = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-z/]+)\s*", str(text).lower())
     if not match or match.group(2) not in units:
         raise ValueError(f"{argument} must be a number with a unit ({', '.join(units)}), e.g. {example!r}; got {text!r}")
-    return float(match.group(1)) * units[match.group(2)]
+    value = float(match.group(1)) * units[match.group(2)]
+    if value < 0 or (value == 0 and not allow_zero) or not math.isfinite(value):
+        raise ValueError(f"{argument} must be {'>= 0' if allow_zero else '> 0'}, got {text!r}")
+    return value
 
 
 def parse_latency(text: str) -> float:
-    """'1ms' -> 0.001 (seconds). Units: s, ms, us, ns."""
-    return _parse(text, _LATENCY_UNITS, "latency", "1ms")
+    """'1ms' -> 0.001 (seconds). Units: s, ms, us, ns. 0 allowed, negative values are not."""
+    return _parse(text, _LATENCY_UNITS, "latency", "1ms", allow_zero=True)
 
 
 def parse_bandwidth(text: str) -> float:
-    """'10Gbps' -> 1.25e9 (bytes per second). Units: bps, Kbps, Mbps, Gbps (bits), B/s ... GB/s (bytes)."""
-    return _parse(text, _BANDWIDTH_UNITS, "bandwidth", "10Gbps")
+    """'10Gbps' -> 1.25e9 (bytes per second). Units: bps, Kbps, Mbps, Gbps (bits), B/s ... GB/s (bytes); > 0."""
+    return _parse(text, _BANDWIDTH_UNITS, "bandwidth", "10Gbps", allow_zero=False)
 
 
 @dataclass(frozen=True)
