@@ -1,0 +1,73 @@
+"""Calibration pieces that run in one process: the network fit, the compression pipeline it times,
+the cache. (Calibration across ranks, with one rank's figures perturbed, is in test_multirank.py.)"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcomp
+from tfcomp import calibration
+from tfcomp import cost_model as cm
+
+
+@pytest.mark.parametrize("workers", [2, 3, 8])
+def test_network_fit_recovers_latency_and_bandwidth(rng, workers):
+    latency, bandwidth = float(rng.uniform(1e-6, 1e-3)), float(rng.uniform(1e7, 1e10))
+    net = cm.Network(latency, bandwidth)
+    size = 4.0 * 2**22
+    tiny, large = cm.ring_allreduce(4, workers, net), cm.ring_allreduce(size, workers, net)
+    fitted = calibration._fit_network(tiny, large, size, 2 * (workers - 1), 1.0 / workers)
+    assert fitted.latency == pytest.approx(latency, rel=1e-3)
+    assert fitted.bandwidth == pytest.approx(bandwidth, rel=1e-3)
+    tiny, large = cm.ring_allgather(4, workers, net), cm.ring_allgather(size, workers, net)
+    fitted = calibration._fit_network(tiny, large, size, workers - 1, 1.0)
+    assert fitted.bandwidth == pytest.approx(bandwidth, rel=1e-3)
+
+
+@pytest.mark.parametrize("make", [lambda: tfcomp.DRAGONN(0.05), lambda: tfcomp.TopK(0.05), lambda: tfcomp.QSGD(4),
+                                  lambda: tfcomp.RandomK(0.05)], ids=["DRAGONN", "TopK", "QSGD", "RandomK"])
+def test_round_trip_is_what_the_exchange_computes_without_the_collective(rng, make):
+    compressor = make()
+    flat = rng.standard_normal(5000).astype(np.float32)
+    total, residual = calibration.compression_round_trip(compressor, tf.constant(flat), 3, tf.constant(9, tf.int64))
+    sent = 2 * flat - residual.numpy()  # the pipeline accumulates flat + flat
+    workers = 1 if compressor.collective == "allreduce" else 3  # an allreduce delivers one summed payload
+    np.testing.assert_allclose(total.numpy(), workers * sent, rtol=1e-5, atol=1e-5)
+    assert 0 < np.count_nonzero(sent) < flat.size or isinstance(compressor, tfcomp.QSGD)
+
+
+def test_measured_compression_is_a_positive_affine_fit():
+    fit = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16)
+    assert fit.c1 > 0 and fit.c0 >= 0
+    assert fit(2**16) > fit(2**12)
+
+
+def global_process_set():
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return hvd.global_process_set
+
+
+def test_one_worker_needs_no_measurement():
+    model = calibration.calibrate(tfcomp.DRAGONN(), global_process_set())
+    assert model.workers == 1 and model.encode_decode == cm.AffineCost(0.0, 0.0)
+    assert cm.ring_allreduce(1e9, 1, model.allreduce) == 0.0
+
+
+def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
+    path = str(tmp_path / "sub" / "calibration.json")
+    model = cm.ClusterModel(4, cm.Network(1e-4, 1e9), cm.Network(2e-4, 2e9), cm.AffineCost(1e-4, 3e-9))
+    calibration._write_cache(path, "key-a", model)
+    calibration._write_cache(path, "key-b", cm.ClusterModel(2, model.allreduce, model.allgather, model.encode_decode))
+    assert calibration._read_cache(path, "key-a") == model
+    assert calibration._read_cache(path, "key-c") is None
+    (tmp_path / "broken.json").write_text("{not json")
+    assert calibration._read_cache(str(tmp_path / "broken.json"), "key-a") is None
+    ps = global_process_set()
+    assert calibration.cache_key(tfcomp.DRAGONN(0.01), ps) != calibration.cache_key(tfcomp.DRAGONN(0.02), ps)
+    assert calibration.cache_key(tfcomp.DRAGONN(0.01), ps) == calibration.cache_key(tfcomp.DRAGONN(0.01), ps)
+    monkeypatch.setenv(calibration.CACHE_ENV, "none")
+    assert calibration._cache_path() is None
+    monkeypatch.setenv(calibration.CACHE_ENV, path)
+    assert calibration._cache_path() == path

@@ -1,0 +1,137 @@
+"""The bucket search against brute force, strategy choices at the extremes, plan pricing and digests."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import tfcomp
+from tfcomp import cost_model as cm
+from tfcomp import planning
+
+
+def cluster(workers=2, gbps=1.0, latency=1e-4, c0=3e-4, c1=4e-9):
+    net = cm.Network(latency, gbps * 1e9 / 8)
+    return cm.ClusterModel(workers, net, net, cm.AffineCost(c0, c1))
+
+
+def backprop(sizes):
+    """[(position, name, elements)] in backprop order for gradients listed in variable order."""
+    return [(i, f"t{i}", n) for i, n in reversed(list(enumerate(sizes)))]
+
+
+def brute_force(tensors, compressor, model, groups):
+    """min over all contiguous partitions into exactly `groups` buckets of the summed bucket costs."""
+    sizes = [n for _, _, n in tensors]
+    best = math.inf
+    for cuts in itertools.combinations(range(1, len(sizes)), groups - 1):
+        bounds = (0, *cuts, len(sizes))
+        total = sum(min(cm.strategy_time(s, sum(sizes[a:b]), compressor, model).total
+                        for s in cm.available_strategies(compressor))
+                    for a, b in zip(bounds, bounds[1:]))
+        best = min(best, total)
+    return best
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_search_finds_the_best_partition_brute_force_finds(rng, trial):
+    sizes = [int(rng.choice([8, 300, 5000, 2**16, 2**20])) for _ in range(int(rng.integers(3, 8)))]
+    model = cluster(workers=int(rng.integers(2, 17)), gbps=float(rng.choice([0.5, 5, 100])),
+                    c0=float(rng.uniform(1e-5, 1e-3)), c1=float(rng.uniform(1e-10, 1e-8)))
+    compressor = tfcomp.DRAGONN(0.01)
+    tensors = backprop(sizes)
+    plan = planning.make_plan(tensors, compressor, model, max_groups=len(sizes), min_gain=0.0)
+    found = sum(b.predicted.total for b in plan.buckets)
+    # With min_gain 0, Algorithm 2 walks y while it helps; the DP is exact for each y.
+    best = min(brute_force(tensors, compressor, model, y) for y in range(1, len(sizes) + 1))
+    y_walk = 1
+    while y_walk < len(sizes) and brute_force(tensors, compressor, model, y_walk + 1) < brute_force(tensors, compressor, model, y_walk):
+        y_walk += 1
+    assert found <= brute_force(tensors, compressor, model, y_walk) * (1 + 1e-9) + 1e-12
+    assert found >= best * (1 - 1e-9)
+    assert sorted(p for b in plan.buckets for p in b.positions) == list(range(len(sizes)))
+    order = [p for b in plan.buckets for p in b.positions]
+    assert order == [p for p, _, _ in tensors]  # contiguous, in backprop order
+
+
+def test_slow_network_compresses_the_big_tensors_fast_network_sends_dense():
+    sizes = [4096 * 2048, 2048, 512 * 10, 10]
+    slow = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.001), cluster(gbps=1.0))
+    fast = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.001), cluster(gbps=100.0, c1=5e-9))
+    assert any(b.strategy == "allgather" and 0 in b.positions for b in slow.buckets)
+    assert [b.strategy for b in fast.buckets] == ["dense"]
+    assert planning.predicted_exchange_time(slow) < 0.2 * planning.all_dense_time(slow)
+    assert planning.predicted_exchange_time(fast) == pytest.approx(planning.all_dense_time(fast))
+
+
+def test_many_workers_prefer_artopk_and_one_worker_sends_dense():
+    sizes = [2**22]
+    many = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), cluster(workers=64, gbps=10.0, latency=1e-6))
+    assert [b.strategy for b in many.buckets] == ["artopk"]  # allgather grows with K, AR-Topk does not
+    alone = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), cluster(workers=1))
+    assert [b.strategy for b in alone.buckets] == ["dense"]
+
+
+def test_forced_strategy_and_planning_off():
+    sizes = [100, 5000, 2000, 3]
+    forced = planning.make_plan(backprop(sizes), tfcomp.DGC(0.1, strategy="artopk"), cluster(gbps=100.0))
+    assert {b.strategy for b in forced.buckets} == {"artopk"}
+    compressor = tfcomp.TopK(0.1, planning="off", min_elements=1000)
+    off = planning.per_tensor_plan(backprop(sizes), compressor, cluster())
+    assert [(b.positions, b.strategy) for b in off.buckets] == [((3,), "dense"), ((2,), "allgather"),
+                                                               ((1,), "allgather"), ((0,), "dense")]
+
+
+def test_neighbouring_dense_buckets_are_merged_and_priced_as_one_collective():
+    sizes = [10, 20, 30, 2**22, 40]
+    plan = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.001), cluster(gbps=0.5))
+    strategies = [b.strategy for b in plan.buckets]
+    assert all(not (a == b == "dense") for a, b in zip(strategies, strategies[1:]))
+    model = plan.cluster
+    dense_elements = sum(b.elements for b in plan.buckets if b.strategy == "dense")
+    compressed = [b for b in plan.buckets if b.strategy == "allgather"]
+    expected = (cm.ring_allreduce(4 * dense_elements, 2, model.allreduce) * (dense_elements > 0)
+                + sum(model.encode_decode(b.elements) for b in compressed)
+                + cm.ring_allgather(sum(8 * round(0.001 * b.elements) + 4 for b in compressed), 2, model.allgather))
+    assert planning.predicted_exchange_time(plan) == pytest.approx(expected)
+
+
+def test_overlap_lets_later_buckets_hide_behind_the_backward_pass():
+    sizes = [2**20] * 4
+    ready = [0.0, 0.05, 0.10, 0.15]  # backprop order: the first bucket's gradients are ready first
+    plan = planning.make_plan(backprop(sizes), tfcomp.NoCompression(), cluster(gbps=10.0), ready_seconds=ready)
+    assert len(plan.buckets) == 1  # all dense: merged into one allreduce
+    # Timeline arithmetic of 000 Sec. 4.1 with two dense buckets.
+    assert cm.overlapped_dense_iteration(0.2, [0.05, 0.03]) == pytest.approx(0.23)
+    assert cm.overlapped_dense_iteration(0.01, [0.05, 0.03]) == pytest.approx(0.08)
+    assert cm.compressed_iteration(0.2, 0.01, 0.002) == pytest.approx(0.212)
+
+
+def test_digest_depends_on_buckets_strategies_and_compressor():
+    sizes = [2**20, 500, 2**18]
+    base = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.001), cluster(gbps=1.0))
+    again = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.001), cluster(gbps=1.0))
+    other_ratio = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.002), cluster(gbps=1.0))
+    dense = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.001), cluster(gbps=1000.0))
+    assert base.digest() == again.digest()
+    assert len({base.digest(), other_ratio.digest(), dense.digest()}) == 3
+    assert 0 <= base.digest() < 2**63
+
+
+def test_table_is_readable():
+    plan = planning.make_plan(backprop([2**22, 64]), tfcomp.DRAGONN(0.001), cluster(gbps=1.0))
+    text = plan.table()
+    assert "bucket" in text and "strategy" in text and "predicted ms" in text and "dense ms" in text
+    assert "allgather" in text and "all dense" in text and "1.00 Gbit/s" in text
+
+
+def test_unit_runs_keep_long_tensor_lists_searchable(rng):
+    sizes = [int(x) for x in rng.integers(1, 5000, 400)]
+    plan = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), cluster(gbps=0.5))
+    assert sorted(p for b in plan.buckets for p in b.positions) == list(range(400))
+
+
+def test_cluster_model_round_trips_through_a_list(rng):
+    model = cluster(workers=5, gbps=float(rng.uniform(0.1, 100)), c0=float(rng.uniform(0, 1e-3)))
+    assert cm.ClusterModel.from_list(np.array(model.to_list())) == model
