@@ -5,9 +5,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import horovod.tensorflow as hvd
+
 import tfcomp
-from tfcomp import calibration
+from tfcomp import calibration, planning
 from tfcomp import cost_model as cm
+from tfcomp.exchange import LocalCollectives
 
 
 @pytest.mark.parametrize("workers", [2, 3, 8])
@@ -26,14 +29,32 @@ def test_network_fit_recovers_latency_and_bandwidth(rng, workers):
 
 @pytest.mark.parametrize("make", [lambda: tfcomp.DRAGONN(0.05), lambda: tfcomp.TopK(0.05), lambda: tfcomp.QSGD(4),
                                   lambda: tfcomp.RandomK(0.05)], ids=["DRAGONN", "TopK", "QSGD", "RandomK"])
-def test_round_trip_is_what_the_exchange_computes_without_the_collective(rng, make):
+def test_local_collectives_give_k_copies_of_what_this_worker_sent(rng, make):
+    """What calibration times: the exchange's own bucket work, with collectives that deliver this
+    worker's payload K times (allgather) or once (allreduce)."""
     compressor = make()
-    flat = rng.standard_normal(5000).astype(np.float32)
-    total, residual = calibration.compression_round_trip(compressor, tf.constant(flat), 3, tf.constant(9, tf.int64))
-    sent = 2 * flat - residual.numpy()  # the pipeline accumulates flat + flat
-    workers = 1 if compressor.collective == "allreduce" else 3  # an allreduce delivers one summed payload
-    np.testing.assert_allclose(total.numpy(), workers * sent, rtol=1e-5, atol=1e-5)
-    assert 0 < np.count_nonzero(sent) < flat.size or isinstance(compressor, tfcomp.QSGD)
+    size, workers = 5000, 3
+    plan = planning.per_tensor_plan([(0, "v", size)], compressor_with_min_elements_1(compressor),
+                                    cm.ClusterModel(workers, cm.Network(0, 1e15), cm.Network(0, 1e15), cm.AffineCost(0, 0)))
+    exchange = tfcomp.GradientExchange(compressor, op=hvd.Sum, plan=plan, collectives=LocalCollectives(workers))
+    variable = tf.Variable(tf.zeros([size]))
+    grad = rng.standard_normal(size).astype(np.float32)
+    total, = exchange([tf.constant(grad)], [variable])
+    sent = grad - (exchange.memory.residuals[0].numpy() if compressor.error_feedback else 0)
+    copies = 1 if compressor.collective == "allreduce" else workers
+    if compressor.error_feedback:
+        np.testing.assert_allclose(total.numpy(), copies * sent, rtol=1e-5, atol=1e-5)
+        assert 0 < np.count_nonzero(sent) < size
+    else:  # QSGD: unbiased levels of the norm, K copies of the same quantised tensor
+        assert np.all(np.abs(total.numpy()) <= copies * np.linalg.norm(grad) * (1 + 1e-6))
+
+
+def compressor_with_min_elements_1(compressor):
+    import copy
+
+    forced = copy.copy(compressor)
+    forced.min_elements = 1
+    return forced
 
 
 def test_measured_compression_is_a_positive_affine_fit():

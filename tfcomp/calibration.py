@@ -3,11 +3,15 @@
 `calibrate(compressor, process_set, max_elements)` returns a `tfcomp.cost_model.ClusterModel`:
 
   * the allreduce and allgather networks: latency from a tiny collective (one float32), bandwidth
-    from a large one (1 MiB, grown 4x at a time up to 64 MiB until it takes 25 ms), each the median
-    of a few timed runs after a warm-up, fitted to the ring formulas of `tfcomp.cost_model`;
-  * the compressor's encode+decode time as `c0 + c1 * elements`, fitted to the median times of the
-    per-bucket compression pipeline the exchange runs (accumulate, encode, local decode, residual,
-    decode of all K workers' payloads) at sizes from 2^12 up to the largest bucket (at most 2^23).
+    from a large one (the size of the gradients, 1 to 64 MiB; an eighth of that for the allgather),
+    each the median of a few timed runs after a warm-up, fitted to the ring formulas of
+    `tfcomp.cost_model`;
+  * what each tensor adds to a grouped collective (Horovod's per-tensor bookkeeping), from a
+    grouped allreduce of 32 one-element tensors against one;
+  * the compressor's encode+decode time as `c0 + c1 * elements`, fitted to the median times of one
+    compressed bucket's step in the exchange itself (accumulate with the residual, encode, local
+    decode, new residual, decode of all K workers' payloads), run with `LocalCollectives` that
+    communicate nothing, at sizes from 2^12 up to the largest bucket (at most 2^23).
 
 Every rank measures (so that the figures include the contention of all workers computing at once),
 and rank 0's figures are broadcast, so every rank plans from the same numbers. Rank 0 caches them
@@ -18,6 +22,7 @@ TensorFlow and tfcomp versions and the compressor's settings; a change of any of
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -31,13 +36,13 @@ import tensorflow as tf
 
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, available_strategies
 
-__all__ = ["CACHE_ENV", "cache_key", "calibrate", "compression_round_trip", "measure_compression"]
+__all__ = ["CACHE_ENV", "cache_key", "calibrate", "measure_compression"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
-_LARGE_START_ELEMENTS = 2**18      # 1 MiB of float32
-_LARGE_MAX_ELEMENTS = 2**24        # 64 MiB
-_LARGE_TARGET_SECONDS = 0.025
+_LARGE_MIN_ELEMENTS = 2**18  # 1 MiB of float32
+_LARGE_MAX_ELEMENTS = 2**24  # 64 MiB
+_BOOKKEEPING_TENSORS = 32
 _ENCODE_SIZES = (2**12, 2**15, 2**18, 2**21, 2**23)
 _UNREACHABLE = Network(0.0, 1e15)  # one worker sends nothing; any network prices that at 0
 
@@ -66,8 +71,20 @@ def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, 
     return Network(latency, 1.0 / per_byte)
 
 
-def _measure_networks(process_set) -> tuple:
-    """(allreduce Network, allgather Network) for this process set."""
+def _timed(run, process_set) -> float:
+    """Median seconds of `run` after one warm-up: 3 timed runs, or 1 when a run takes over 0.2 s
+    (rank 0 decides, so that every rank runs the collective as often)."""
+    start = time.perf_counter()
+    run()
+    repeats = 1 if _rank0_value(time.perf_counter() - start, process_set) > 0.2 else 3
+    return _median_seconds(run, repeats=repeats, warmup=0)
+
+
+def _measure_networks(process_set, elements: int) -> tuple:
+    """(allreduce Network, allgather Network, seconds per tensor) for this process set: latency
+    from one float32, bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 64 MiB)
+    for the allreduce and an eighth of that for the allgather, whose payloads are compressed, and
+    what each tensor adds to a grouped allreduce from one of 32 one-element tensors."""
     k = process_set.size()
 
     def allreduce(x):
@@ -77,51 +94,42 @@ def _measure_networks(process_set) -> tuple:
         return lambda: hvd.allgather(x, process_set=process_set, name="tfcomp_calibration_allgather").numpy()
 
     tiny = tf.ones([1], tf.float32)
-    tiny_ar = _median_seconds(allreduce(tiny), repeats=9, warmup=3)
-    tiny_ag = _median_seconds(allgather(tiny), repeats=9, warmup=3)
-    elements = _LARGE_START_ELEMENTS
-    while True:
-        large = tf.random.stateless_normal([elements], seed=[7, elements])
-        large_ar = _rank0_value(_median_seconds(allreduce(large), repeats=3), process_set)
-        if large_ar >= _LARGE_TARGET_SECONDS or elements >= _LARGE_MAX_ELEMENTS:
-            break
-        elements *= 4
-    large_ag = _median_seconds(allgather(large), repeats=3)
-    size = 4.0 * elements
+    tiny_ar = _median_seconds(allreduce(tiny), repeats=15, warmup=5)
+    tiny_ag = _median_seconds(allgather(tiny), repeats=15, warmup=5)
+    many = [tf.fill([1], float(i)) for i in range(_BOOKKEEPING_TENSORS)]
+    many_ar = _median_seconds(lambda: hvd.grouped_allreduce(many, op=hvd.Sum, process_set=process_set,
+                                                            name="tfcomp_calibration_grouped")[0].numpy(),
+                              repeats=15, warmup=5)
+    per_tensor = max(many_ar - tiny_ar, 0.0) / (_BOOKKEEPING_TENSORS - 1)
+    ar_elements = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
+    ag_elements = min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
+    large_ar = _timed(allreduce(tf.random.stateless_normal([ar_elements], seed=[7, 1])), process_set)
+    large_ag = _timed(allgather(tf.random.stateless_normal([ag_elements], seed=[7, 2])), process_set)
     # ring allreduce: 2 (K-1) hops of S/K bytes; ring allgather: K-1 hops of S bytes.
-    return (_fit_network(tiny_ar, large_ar, size, 2 * (k - 1), 1.0 / k),
-            _fit_network(tiny_ag, large_ag, size, k - 1, 1.0))
-
-
-def compression_round_trip(compressor, flat: tf.Tensor, num_workers: int, seed: tf.Tensor):
-    """The per-bucket compression work of one step without the collective: accumulate, encode, local
-    decode, residual, non-finite count, and the decode of `num_workers` payloads (this worker's,
-    repeated as the allgather would deliver K of them). Returns (reduced sum, residual), float32 [n]."""
-    size = int(flat.shape[0])
-    accumulated = flat + flat
-    encoded = compressor.encode(accumulated, seed, 0)
-    residual = accumulated - compressor.decode_local(encoded, size)
-    non_finite = tf.reduce_sum(tf.cast(~tf.math.is_finite(accumulated), tf.float32))
-    if compressor.collective == "allreduce":
-        received = encoded.wire
-    else:
-        received = tuple(tf.concat([w] * num_workers, axis=0) for w in encoded.wire)
-    total = compressor.decode_sum(received, encoded.context, size, num_workers)
-    return tf.where(non_finite > 0, float("nan"), total), residual
+    return (_fit_network(tiny_ar, large_ar, 4.0 * ar_elements, 2 * (k - 1), 1.0 / k),
+            _fit_network(tiny_ag, large_ag, 4.0 * ag_elements, k - 1, 1.0), per_tensor)
 
 
 def measure_compression(compressor, num_workers: int, max_elements: int) -> AffineCost:
-    """The affine fit of `compression_round_trip`'s median time at sizes up to max_elements (2^23 at most)."""
-    sizes = [s for s in _ENCODE_SIZES if s < max_elements] + [min(max(max_elements, 2), _ENCODE_SIZES[-1])]
-    sizes = sorted(set(sizes))
+    """The affine fit of the median time of one compressed bucket's work in the exchange itself,
+    with `LocalCollectives` in place of Horovod's, at sizes up to max_elements (2^23 at most)."""
+    from tfcomp.exchange import GradientExchange, LocalCollectives
+    from tfcomp.planning import per_tensor_plan
+
+    sizes = sorted({s for s in _ENCODE_SIZES if s < max_elements} | {min(max(max_elements, 2), _ENCODE_SIZES[-1])})
     if len(sizes) < 2:
         sizes = [max(sizes[0] // 2, 1), sizes[0]]
+    forced = copy.copy(compressor)  # one bucket per tensor, with the compressor's own collective
+    forced.strategy = "allreduce" if compressor.collective == "allreduce" else "allgather"
+    forced.min_elements = 1
     seconds = []
     for size in sizes:
-        flat = tf.random.stateless_normal([size], seed=[11, size])
-        run_once = tf.function(lambda x: compression_round_trip(compressor, x, num_workers, tf.constant(3, tf.int64)),
-                               autograph=False)
-        seconds.append(_median_seconds(lambda: run_once(flat), repeats=5, warmup=2))
+        variable = tf.Variable(tf.zeros([size]), name="calibration")
+        plan = per_tensor_plan([(0, "calibration", size)], forced,
+                               ClusterModel(num_workers, _UNREACHABLE, _UNREACHABLE, AffineCost(0.0, 0.0)))
+        exchange = GradientExchange(compressor, plan=plan, collectives=LocalCollectives(num_workers))
+        gradient = tf.random.stateless_normal([size], seed=[11, size])
+        seconds.append(_median_seconds(lambda: exchange([gradient], [variable]), repeats=5, warmup=2))
     return AffineCost.fit(sizes, seconds)
 
 
@@ -172,11 +180,11 @@ def _write_cache(path, key, model: ClusterModel) -> None:
 
 def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
     """This rank's measurements (every rank runs the same collectives in the same order)."""
-    allreduce, allgather = _measure_networks(process_set)
+    allreduce, allgather, per_tensor = _measure_networks(process_set, max_elements)
     compression = AffineCost(0.0, 0.0)
     if available_strategies(compressor) != ("dense",):
         compression = measure_compression(compressor, process_set.size(), max_elements)
-    return ClusterModel(process_set.size(), allreduce, allgather, compression)
+    return ClusterModel(process_set.size(), allreduce, allgather, compression, per_tensor)
 
 
 def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23) -> ClusterModel:

@@ -35,6 +35,7 @@ __all__ = [
     "Network",
     "STRATEGIES",
     "StrategyTime",
+    "WIRE_TENSORS",
     "available_strategies",
     "compressed_iteration",
     "overlapped_dense_iteration",
@@ -206,16 +207,17 @@ class ClusterModel:
     allreduce: Network
     allgather: Network
     encode_decode: AffineCost
+    per_tensor: float = 0.0  # seconds each tensor adds to a grouped collective (Horovod's bookkeeping)
 
     def to_list(self) -> list:
-        """[workers, allreduce latency, bandwidth, allgather latency, bandwidth, c0, c1] (floats)."""
-        return [float(self.workers), self.allreduce.latency, self.allreduce.bandwidth,
-                self.allgather.latency, self.allgather.bandwidth, self.encode_decode.c0, self.encode_decode.c1]
+        """[workers, allreduce latency, bandwidth, allgather latency, bandwidth, c0, c1, per_tensor]."""
+        return [float(self.workers), self.allreduce.latency, self.allreduce.bandwidth, self.allgather.latency,
+                self.allgather.bandwidth, self.encode_decode.c0, self.encode_decode.c1, self.per_tensor]
 
     @classmethod
     def from_list(cls, values) -> "ClusterModel":
-        w, arl, arb, agl, agb, c0, c1 = (float(v) for v in values)
-        return cls(int(round(w)), Network(arl, arb), Network(agl, agb), AffineCost(c0, c1))
+        w, arl, arb, agl, agb, c0, c1, per_tensor = (float(v) for v in values)
+        return cls(int(round(w)), Network(arl, arb), Network(agl, agb), AffineCost(c0, c1), per_tensor)
 
 
 @dataclass(frozen=True)
@@ -231,33 +233,37 @@ class StrategyTime:
 
 
 _NON_FINITE_COUNT_BYTES = 4  # the float32 count of non-finite values that rides with every payload
+WIRE_TENSORS = 3  # tensors a compressed bucket puts in its collectives (payload, indices or scale, count)
 
 
 def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterModel, *,
-                  tree: bool = False) -> StrategyTime:
-    """Seconds to exchange a bucket of `elements` float32 values with `strategy`.
+                  tree: bool = False, tensors: int = 1) -> StrategyTime:
+    """Seconds to exchange a bucket of `tensors` tensors, `elements` float32 values, with `strategy`.
 
-    dense: ring allreduce of the tensor (2 bytes per element for FP16). allgather: ring allgather of
-    the payload. allreduce: ring allreduce of the payload. artopk: broadcast of the owner's k int32
-    indices plus a ring (or, with tree=True, tree) allreduce of k float32 values, plus an allgather
-    of one float per worker when the owner is the max-variance worker (VAR).
+    dense: ring allreduce of the tensors (2 bytes per element for FP16). allgather: ring allgather
+    of the payload. allreduce: ring allreduce of the payload. artopk: broadcast of the owner's k
+    int32 indices plus a ring (or, with tree=True, tree) allreduce of k float32 values, plus an
+    allgather of one float per worker when the owner is the max-variance worker (VAR). Each tensor
+    in a collective adds cluster.per_tensor (a compressed bucket sends WIRE_TENSORS).
     """
     k = cluster.workers
     if strategy == "dense":
         wire_bytes = compressor.dense_element_bytes * elements
-        return StrategyTime(ring_allreduce(wire_bytes, k, cluster.allreduce), 0.0)
+        bookkeeping = tensors * cluster.per_tensor if k > 1 else 0.0
+        return StrategyTime(ring_allreduce(wire_bytes, k, cluster.allreduce) + bookkeeping, 0.0)
     if strategy not in available_strategies(compressor):
         raise ValueError(f"strategy must be one of {available_strategies(compressor)} for {compressor!r}, "
                          f"got {strategy!r}")
     compression = cluster.encode_decode(elements)
+    bookkeeping = WIRE_TENSORS * cluster.per_tensor if k > 1 else 0.0
     payload = compressor.payload_bytes(elements) + _NON_FINITE_COUNT_BYTES
     if strategy == "allgather":
-        return StrategyTime(ring_allgather(payload, k, cluster.allgather), compression)
+        return StrategyTime(ring_allgather(payload, k, cluster.allgather) + bookkeeping, compression)
     if strategy == "allreduce":
-        return StrategyTime(ring_allreduce(payload, k, cluster.allreduce), compression)
+        return StrategyTime(ring_allreduce(payload, k, cluster.allreduce) + bookkeeping, compression)
     selected = 4 * compressor.payload_length(elements)
     reduce = tree_allreduce if tree else ring_allreduce
     communication = broadcast(selected, k, cluster.allgather) + reduce(selected + _NON_FINITE_COUNT_BYTES, k, cluster.allreduce)
     if getattr(compressor, "artopk_owner", "star") == "var":
         communication += ring_allgather(4, k, cluster.allgather)
-    return StrategyTime(communication, compression)
+    return StrategyTime(communication + bookkeeping, compression)

@@ -37,7 +37,7 @@ from tfcomp.compressors import Compressor, FP16
 from tfcomp.cost_model import AffineCost, ClusterModel, Network
 from tfcomp.memory import ErrorFeedback
 
-__all__ = ["GradientExchange", "TensorRecord"]
+__all__ = ["GradientExchange", "HorovodCollectives", "LocalCollectives", "TensorRecord"]
 
 
 def _grouped_by_dtype(collective, tensors, **kwargs):
@@ -50,6 +50,55 @@ def _grouped_by_dtype(collective, tensors, **kwargs):
         for i, r in zip(positions, collective([tensors[i] for i in positions], **kwargs)):
             results[i] = r
     return results
+
+
+class HorovodCollectives:
+    """The collectives of the compressed buckets, over a Horovod process set (lists are grouped)."""
+
+    def __init__(self, process_set):
+        self.process_set = process_set
+
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
+
+    @property
+    def rank(self) -> int:
+        return self.process_set.rank()
+
+    def included(self) -> bool:
+        return self.process_set.included()
+
+    def allgather(self, tensors):
+        return _grouped_by_dtype(hvd.grouped_allgather, tensors, process_set=self.process_set)
+
+    def allreduce_sum(self, tensors):
+        return _grouped_by_dtype(hvd.grouped_allreduce, tensors, op=hvd.Sum, process_set=self.process_set)
+
+    def broadcast(self, tensor, root: int, name: str):
+        return hvd.broadcast(tensor, root, process_set=self.process_set, name=name)
+
+
+class LocalCollectives:
+    """Stand-ins that communicate nothing, for timing the compression work of `size` workers
+    (calibration): allgather returns this worker's tensor repeated `size` times, allreduce returns
+    it as it is, broadcast returns the tensor."""
+
+    def __init__(self, size: int):
+        self.size, self.rank = size, 0
+
+    def allgather(self, tensors):
+        return [tf.concat([t] * self.size, axis=0) for t in tensors]
+
+    def allreduce_sum(self, tensors):
+        return [tf.identity(t) for t in tensors]
+
+    def broadcast(self, tensor, root: int, name: str):
+        del root, name
+        return tf.identity(tensor)
+
+    def included(self) -> bool:
+        return True
 
 
 class _UntrackedFunction:
@@ -121,10 +170,14 @@ class GradientExchange(tf.Module):
       sparse_as_dense: convert `tf.IndexedSlices` gradients to dense tensors first.
       process_set: the Horovod process set to reduce over.
       name: name scope of the exchange's ops.
+      plan: a fixed `tfcomp.planning.Plan` for the gradients it will see (default: made on the
+        first call); collectives: what the compressed buckets use (default: Horovod's over
+        process_set; calibration passes `LocalCollectives` to time the compression alone).
     """
 
     def __init__(self, compressor: Compressor, *, op=hvd.Average, gradient_predivide_factor: float = 1.0,
-                 sparse_as_dense: bool = False, process_set=hvd.global_process_set, name: str = "tfcomp"):
+                 sparse_as_dense: bool = False, process_set=hvd.global_process_set, name: str = "tfcomp",
+                 plan=None, collectives=None):
         super().__init__(name=name.replace(">", "_"))
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError(f"op must be hvd.Average or hvd.Sum for tfcomp compressors, got {op!r}")
@@ -136,8 +189,9 @@ class GradientExchange(tf.Module):
         self.memory = ErrorFeedback()
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="communication_step")
+        self.collectives = collectives or HorovodCollectives(process_set)
         self.records: tuple = ()
-        self.plan = None
+        self.plan = plan
         self._plans = {}
         self._cluster = None
         self._graph_fn = _UntrackedFunction(tf.function(self._exchange, autograph=False))
@@ -147,7 +201,7 @@ class GradientExchange(tf.Module):
         grads = list(grads)
         if vars is None:
             raise ValueError("tfcomp's exchange needs the variables of the gradients (for error feedback)")
-        if not self.process_set.included():
+        if not self.collectives.included():
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
         grads_in = [self._densify(grads[i], vars[i]) for i in present]
@@ -184,6 +238,9 @@ class GradientExchange(tf.Module):
                           for i in candidates)
         if signature in self._plans:
             self.plan = self._plans[signature]
+            return self.plan
+        if self.plan is not None and not self._plans:  # given to the constructor
+            self._plans[signature] = self.plan
             return self.plan
         # Backprop order: the last variables' gradients are computed first.
         tensors = [(i, getattr(vars[i], "name", f"grad_{i}"), int(grads[i].shape.num_elements()))
@@ -324,8 +381,8 @@ class GradientExchange(tf.Module):
         did not send that value: each bucket's count of such values rides along with its payload.
         """
         compressor = self.compressor
-        num_workers = self.process_set.size()
-        worker = self.process_set.rank()
+        num_workers = self.collectives.size
+        worker = self.collectives.rank
         payloads, memory = [], []
         for position, ((acc, momentum), bucket) in enumerate(zip(accumulated, buckets)):
             seed = self.step * 65536 + position
@@ -347,9 +404,9 @@ class GradientExchange(tf.Module):
                 continue
             wires = [t for n in members for t in payloads[n].wire]
             if strategy == "allgather":
-                exchanged = _grouped_by_dtype(hvd.grouped_allgather, wires, process_set=self.process_set)
+                exchanged = self.collectives.allgather(wires)
             else:
-                exchanged = _grouped_by_dtype(hvd.grouped_allreduce, wires, op=hvd.Sum, process_set=self.process_set)
+                exchanged = self.collectives.allreduce_sum(wires)
             start = 0
             for n in members:
                 received[n] = tuple(exchanged[start:start + len(payloads[n].wire)])
@@ -371,13 +428,12 @@ class GradientExchange(tf.Module):
         worker whose accumulated gradient has the largest variance (VAR, ties to the lowest rank)."""
         _, own_indices = self.compressor.encode(acc, seed, worker).wire
         if self.compressor.artopk_owner == "var":
-            variances = hvd.allgather(tf.reshape(tf.math.reduce_variance(acc), [1]), process_set=self.process_set)
+            variances, = self.collectives.allgather([tf.reshape(tf.math.reduce_variance(acc), [1])])
             owner = tf.cast(tf.argmax(variances), tf.int32)
         else:
             owner = tf.cast(self.step % num_workers, tf.int32)
         indices = tf.switch_case(owner, [
-            functools.partial(hvd.broadcast, own_indices, root, process_set=self.process_set,
-                              name=f"tfcomp_artopk_indices_from_{root}")
+            functools.partial(self.collectives.broadcast, own_indices, root, f"tfcomp_artopk_indices_from_{root}")
             for root in range(num_workers)
         ])
         values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)

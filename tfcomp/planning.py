@@ -100,11 +100,11 @@ def _units(sizes: list) -> list:
     return units
 
 
-def _cheapest(elements: int, strategies, compressor, cluster) -> tuple:
+def _cheapest(elements: int, tensors: int, strategies, compressor, cluster) -> tuple:
     """(strategy, StrategyTime) with the smallest total; the earliest listed (dense) on ties."""
     best = None
     for strategy in strategies:
-        t = cm.strategy_time(strategy, elements, compressor, cluster)
+        t = cm.strategy_time(strategy, elements, compressor, cluster, tensors=tensors)
         if best is None or t.total < best[1].total:
             best = (strategy, t)
     return best
@@ -131,7 +131,8 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     cost = {}
     for i in range(count):
         for j in range(i + 1, count + 1):
-            cost[i, j] = _cheapest(prefix[j] - prefix[i], strategies, compressor, cluster)
+            tensors_in = units[j - 1][1] - units[i][0]
+            cost[i, j] = _cheapest(prefix[j] - prefix[i], tensors_in, strategies, compressor, cluster)
     groups = min(max_groups, count)
     inf = float("inf")
     finish = [[inf] * (count + 1) for _ in range(groups + 1)]
@@ -163,7 +164,7 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     for i, j in reversed(cuts):
         members = [t for start, end in units[i:j] for t in tensors[start:end]]
         strategy, predicted = cost[i, j]
-        dense = cm.strategy_time("dense", prefix[j] - prefix[i], compressor, cluster).total
+        dense = cm.strategy_time("dense", prefix[j] - prefix[i], compressor, cluster, tensors=len(members)).total
         buckets.append(Bucket(tuple(p for p, _, _ in members), prefix[j] - prefix[i], strategy, predicted, dense))
     return Plan(tuple(_merge_neighbours(buckets, compressor, cluster)), {p: name for p, name, _ in tensors},
                 compressor, cluster)
@@ -176,7 +177,7 @@ def _merge_neighbours(buckets, compressor, cluster):
         if merged and merged[-1].strategy == "dense" == b.strategy:
             last = merged.pop()
             elements = last.elements + b.elements
-            time = cm.strategy_time("dense", elements, compressor, cluster)
+            time = cm.strategy_time("dense", elements, compressor, cluster, tensors=len(last.positions) + len(b.positions))
             b = Bucket(last.positions + b.positions, elements, "dense", time, time.total)
         merged.append(b)
     return merged
@@ -197,13 +198,16 @@ def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
 
 def predicted_exchange_time(plan: Plan) -> float:
     """Seconds per step as the exchange runs the plan: one grouped collective per strategy (its
-    latency paid once), every compressed bucket's encode and decode, one broadcast per AR-Topk bucket."""
+    latency paid once), every compressed bucket's encode and decode, one broadcast per AR-Topk
+    bucket, and the per-tensor bookkeeping of every tensor put in a collective."""
     cluster, k = plan.cluster, plan.cluster.workers
     by_strategy = {}
     for b in plan.buckets:
         by_strategy.setdefault(b.strategy, []).append(b)
     compressor = plan.compressor
-    seconds = 0.0
+    dense_tensors = sum(len(b.positions) for b in by_strategy.get("dense", []))
+    wire_tensors = cm.WIRE_TENSORS * sum(1 for b in plan.buckets if b.strategy != "dense")
+    seconds = (dense_tensors + wire_tensors) * cluster.per_tensor if k > 1 else 0.0
     for strategy, buckets in by_strategy.items():
         elements = [b.elements for b in buckets]
         seconds += sum(b.predicted.compression for b in buckets)
@@ -224,9 +228,9 @@ def predicted_exchange_time(plan: Plan) -> float:
 
 def all_dense_time(plan: Plan) -> float:
     """Seconds per step with every bucket of the plan in one dense allreduce."""
-    compressor = plan.compressor
     total = sum(b.elements for b in plan.buckets)
-    return cm.ring_allreduce(compressor.dense_element_bytes * total, plan.cluster.workers, plan.cluster.allreduce)
+    tensors = sum(len(b.positions) for b in plan.buckets)
+    return cm.strategy_time("dense", total, plan.compressor, plan.cluster, tensors=tensors).total
 
 
 class PlanMismatchError(RuntimeError):

@@ -1,0 +1,177 @@
+"""Worker of benchmarks/network_validation.py: measured against predicted time per training step.
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.network_worker --out RESULT.json
+
+Two models, each trained with a custom tf.function step (forward, backward, exchange, SGD update)
+on a fixed batch of 32 per worker:
+
+  giant        Dense 512 -> 512 (relu) -> 16384 classes: an extreme-classification layer of
+               8.4 M weights, 004's 4096 x 30938 scaled down; 8.67 M parameters in 4 tensors
+  many_small   40 Dense 128 -> 128 (tanh) layers and a Dense 128 -> 10: 0.66 M parameters in 82 tensors
+
+and these configurations, interleaved round by round (every round runs each configuration for
+--steps steps; the result is the median over --rounds rounds of the time per step):
+
+  compute        the same step without any exchange (plain SGD): the compute time T_comp
+  horovod_dense  hvd.DistributedOptimizer(SGD, compression=hvd.Compression.none): plain Horovod
+  dragonn        tfcomp DRAGONN(0.001) forced to compressed allgather in cost-model buckets
+  plan           tfcomp DRAGONN(0.001) with the default plan (the cost model chooses per bucket)
+  per_tensor     (many_small only) DRAGONN(0.001, planning="off"): every tensor of >= 1024
+                 elements compressed on its own, as layer-wise compression does
+
+Predictions (000's model: T = T_comp + exchange, the exchange after the backward pass): the
+measured compute step plus the cost model's exchange time from the figures calibration measured at
+the start of this job (the plan's `predicted_exchange_time`; for horovod_dense a ring allreduce of
+all the gradients). Rank 0 writes the JSON.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import horovod.tensorflow as hvd_tf
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+
+import tfcomp
+from tfcomp import cost_model as cm
+from tfcomp import planning
+
+__all__ = []
+
+BATCH = 32
+RATIO = 0.001
+
+
+def giant_model():
+    return tf.keras.Sequential([tf.keras.layers.Dense(512, activation="relu", input_shape=(512,)),
+                                tf.keras.layers.Dense(16384)])
+
+
+def many_small_model():
+    layers = [tf.keras.layers.Dense(128, activation="tanh", input_shape=(128,))]
+    layers += [tf.keras.layers.Dense(128, activation="tanh") for _ in range(39)] + [tf.keras.layers.Dense(10)]
+    return tf.keras.Sequential(layers)
+
+
+MODELS = {"giant": (giant_model, 512, 16384), "many_small": (many_small_model, 128, 10)}
+
+
+def configurations(model_name):
+    configs = {
+        "compute": None,
+        "horovod_dense": lambda opt: hvd.DistributedOptimizer(opt, compression=hvd.Compression.none),
+        "dragonn": lambda opt: hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(RATIO, strategy="allgather")),
+        "plan": lambda opt: hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(RATIO)),
+    }
+    if model_name == "many_small":
+        configs["per_tensor"] = lambda opt: hvd.DistributedOptimizer(
+            opt, compression=tfcomp.DRAGONN(RATIO, planning="off"))
+    return configs
+
+
+class Trainer:
+    """One model and optimizer with a compiled step on a fixed batch."""
+
+    def __init__(self, model_name, wrap):
+        build, inputs, classes = MODELS[model_name]
+        tf.keras.utils.set_random_seed(1)
+        self.model = build()
+        rng = np.random.default_rng(100 + hvd.rank())
+        self.x = tf.constant(rng.standard_normal((BATCH, inputs)).astype(np.float32))
+        self.y = tf.constant(rng.integers(0, classes, BATCH))
+        inner = tf.keras.optimizers.SGD(0.01)
+        self.optimizer = inner if wrap is None else wrap(inner)
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_fn(self.y, self.model(self.x))
+            self.optimizer.minimize(loss, self.model.trainable_variables, tape=tape)
+            return loss
+
+        self.step = step
+
+    def run(self, steps):
+        for _ in range(steps):
+            loss = self.step()
+        return float(loss.numpy())
+
+    @property
+    def exchange(self):
+        return getattr(self.optimizer, "_allreduce_grads", None)
+
+    def parameters(self):
+        return sum(int(v.shape.num_elements()) for v in self.model.trainable_variables)
+
+
+def barrier():
+    hvd_tf.allreduce(tf.zeros([1]), name="network_worker_barrier").numpy()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--models", default="giant,many_small")
+    args = parser.parse_args()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd.init()
+    trainers = {}
+    for model_name in args.models.split(","):
+        for config, wrap in configurations(model_name).items():
+            trainer = Trainer(model_name, wrap)
+            trainer.run(5)  # trace, calibrate and plan, warm up
+            trainers[model_name, config] = trainer
+    samples = {key: [] for key in trainers}
+    for _ in range(args.rounds):
+        for key, trainer in trainers.items():
+            barrier()
+            start = time.perf_counter()
+            trainer.run(args.steps)
+            samples[key].append((time.perf_counter() - start) / args.steps)
+    results = []
+    for (model_name, config), trainer in trainers.items():
+        results.append({"model": model_name, "config": config, "parameters": trainer.parameters(),
+                        "measured_s": statistics.median(samples[model_name, config]),
+                        "samples_s": samples[model_name, config]})
+    predict(results, trainers)
+    if hvd.rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"workers": hvd.size(), "results": results}, f, indent=1)
+
+
+def predict(results, trainers):
+    """Adds predicted_s (T_comp + predicted exchange) and the plan's figures to every result."""
+    for r in results:
+        if r["config"] == "compute":
+            continue
+        compute = next(x["measured_s"] for x in results if x["model"] == r["model"] and x["config"] == "compute")
+        exchange = trainers[r["model"], r["config"]].exchange
+        if r["config"] == "per_tensor":  # planning="off" made no calibration: price it with the plan's figures
+            calibrated = trainers[r["model"], "plan"].exchange.plan.cluster
+            tensors = [(b.positions[0], exchange.plan.names[b.positions[0]], b.elements) for b in exchange.plan.buckets]
+            plan = planning.per_tensor_plan(tensors, exchange.compressor, calibrated)
+            r["predicted_exchange_s"] = planning.predicted_exchange_time(plan)
+            r["strategies"] = sorted({b.strategy for b in plan.buckets})
+            r["buckets"] = len(plan.buckets)
+        elif isinstance(exchange, tfcomp.GradientExchange):
+            plan = exchange.plan
+            r["predicted_exchange_s"] = planning.predicted_exchange_time(plan)
+            r["strategies"] = sorted({b.strategy for b in plan.buckets})
+            r["buckets"] = len(plan.buckets)
+        else:  # plain Horovod: one fused ring allreduce of every gradient, priced with the plan's figures
+            plan = trainers[r["model"], "plan"].exchange.plan
+            tensors = len(trainers[r["model"], r["config"]].model.trainable_variables)
+            r["predicted_exchange_s"] = cm.strategy_time("dense", r["parameters"], tfcomp.NoCompression(),
+                                                         plan.cluster, tensors=tensors).total
+        r["cluster"] = plan.cluster.to_list()
+        r["predicted_s"] = compute + r["predicted_exchange_s"]
+
+
+if __name__ == "__main__":
+    main()
