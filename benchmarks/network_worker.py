@@ -119,7 +119,10 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--models", default="giant,many_small")
     args = parser.parse_args()
+    # Two workers share two cores: one thread each for ops, two for independent ops (Horovod's
+    # collectives are asynchronous and wait in the inter-op pool).
     tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
     hvd.init()
     trainers = {}
     for model_name in args.models.split(","):

@@ -58,8 +58,8 @@ def compressor_with_min_elements_1(compressor):
 
 
 def test_measured_compression_is_a_positive_affine_fit():
-    fit = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16)
-    assert fit.c1 > 0 and fit.c0 >= 0
+    fit, per_tensor, merge = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16)
+    assert fit.c1 > 0 and fit.c0 >= 0 and per_tensor >= 0 and merge >= 0
     assert fit(2**16) > fit(2**12)
 
 

@@ -34,7 +34,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from tfcomp.cost_model import AffineCost, ClusterModel, Network, available_strategies
+from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 
 __all__ = ["CACHE_ENV", "cache_key", "calibrate", "measure_compression"]
 
@@ -110,27 +110,47 @@ def _measure_networks(process_set, elements: int) -> tuple:
             _fit_network(tiny_ag, large_ag, 4.0 * ag_elements, k - 1, 1.0), per_tensor)
 
 
-def measure_compression(compressor, num_workers: int, max_elements: int) -> AffineCost:
-    """The affine fit of the median time of one compressed bucket's work in the exchange itself,
-    with `LocalCollectives` in place of Horovod's, at sizes up to max_elements (2^23 at most)."""
+def _exchange_seconds(compressor, num_workers: int, buckets) -> float:
+    """Median seconds of one exchange call whose plan is `buckets` (lists of tensor sizes), each
+    compressed with the compressor's own collective, replaced by `LocalCollectives`."""
     from tfcomp.exchange import GradientExchange, LocalCollectives
-    from tfcomp.planning import per_tensor_plan
+    from tfcomp.planning import Bucket, Plan
 
-    sizes = sorted({s for s in _ENCODE_SIZES if s < max_elements} | {min(max(max_elements, 2), _ENCODE_SIZES[-1])})
+    strategy = "allreduce" if compressor.collective == "allreduce" else "allgather"
+    sizes = [n for bucket in buckets for n in bucket]
+    positions = iter(range(len(sizes)))
+    plan = Plan(tuple(Bucket(tuple(next(positions) for _ in bucket), sum(bucket), strategy, StrategyTime(0.0, 0.0), 0.0)
+                      for bucket in buckets),
+                {i: f"calibration_{i}" for i in range(len(sizes))}, compressor,
+                ClusterModel(num_workers, _UNREACHABLE, _UNREACHABLE, AffineCost(0.0, 0.0)))
+    exchange = GradientExchange(compressor, plan=plan, collectives=LocalCollectives(num_workers))
+    variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
+    gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]
+    return _median_seconds(lambda: exchange(gradients, variables), repeats=5, warmup=2)
+
+
+def measure_compression(compressor, num_workers: int, max_elements: int) -> tuple:
+    """(AffineCost c0 + c1 * elements, seconds per tensor, seconds per merged element): the work of
+    one compressed bucket in the exchange itself (run with `LocalCollectives`). c1 is the slope of
+    one-bucket calls at sizes up to max_elements (2^23 at most); c0 is what one more bucket in the
+    same call adds beyond its elements (8 small buckets against 1), so the fixed cost of calling the
+    exchange is not counted per bucket; what 8 tensors in one bucket add over 1 tensor of the same
+    size, at the smallest and the largest size, splits into a per-tensor cost (each tensor's
+    residual update, cast, reshape) and a per-element cost of merging (concatenate, split)."""
+    sizes = sorted({s for s in _ENCODE_SIZES if s < max_elements} | {min(max(max_elements, 16), _ENCODE_SIZES[-1])})
     if len(sizes) < 2:
         sizes = [max(sizes[0] // 2, 1), sizes[0]]
-    forced = copy.copy(compressor)  # one bucket per tensor, with the compressor's own collective
-    forced.strategy = "allreduce" if compressor.collective == "allreduce" else "allgather"
-    forced.min_elements = 1
-    seconds = []
-    for size in sizes:
-        variable = tf.Variable(tf.zeros([size]), name="calibration")
-        plan = per_tensor_plan([(0, "calibration", size)], forced,
-                               ClusterModel(num_workers, _UNREACHABLE, _UNREACHABLE, AffineCost(0.0, 0.0)))
-        exchange = GradientExchange(compressor, plan=plan, collectives=LocalCollectives(num_workers))
-        gradient = tf.random.stateless_normal([size], seed=[11, size])
-        seconds.append(_median_seconds(lambda: exchange([gradient], [variable]), repeats=5, warmup=2))
-    return AffineCost.fit(sizes, seconds)
+    single = [_exchange_seconds(compressor, num_workers, [[n]]) for n in sizes]
+    slope = AffineCost.fit(sizes, single).c1
+    small, large = sizes[0], sizes[-1]
+    eight_buckets = _exchange_seconds(compressor, num_workers, [[small]] * 8)
+    per_bucket = max((eight_buckets - single[0]) / 7 - slope * small, 0.0)
+    # 8 tensors in one bucket against 1 of the same size: 7 per-tensor costs plus merging n elements.
+    extra_small = _exchange_seconds(compressor, num_workers, [[small // 8] * 8]) - single[0]
+    extra_large = _exchange_seconds(compressor, num_workers, [[large // 8] * 8]) - single[-1]
+    merge = max((extra_large - extra_small) / (large - small), 0.0)
+    per_tensor = max(extra_small - merge * small, 0.0) / 7
+    return AffineCost(per_bucket, slope), per_tensor, merge
 
 
 def cache_key(compressor, process_set) -> str:
@@ -181,10 +201,10 @@ def _write_cache(path, key, model: ClusterModel) -> None:
 def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
     """This rank's measurements (every rank runs the same collectives in the same order)."""
     allreduce, allgather, per_tensor = _measure_networks(process_set, max_elements)
-    compression = AffineCost(0.0, 0.0)
+    compression, compression_per_tensor, merge = AffineCost(0.0, 0.0), 0.0, 0.0
     if available_strategies(compressor) != ("dense",):
-        compression = measure_compression(compressor, process_set.size(), max_elements)
-    return ClusterModel(process_set.size(), allreduce, allgather, compression, per_tensor)
+        compression, compression_per_tensor, merge = measure_compression(compressor, process_set.size(), max_elements)
+    return ClusterModel(process_set.size(), allreduce, allgather, compression, per_tensor, compression_per_tensor, merge)
 
 
 def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23) -> ClusterModel:

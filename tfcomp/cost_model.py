@@ -200,24 +200,29 @@ def available_strategies(compressor) -> tuple:
 @dataclass(frozen=True)
 class ClusterModel:
     """The figures the plan is made from: workers, the allreduce and allgather networks fitted by
-    calibration, and the compressor's encode+decode time per bucket of n float32 elements (encode,
-    the local decode for error feedback, and the decode of all K payloads)."""
+    calibration, the compressor's encode+decode time per bucket of n float32 elements (encode, the
+    local decode for error feedback, and the decode of all K payloads), and per-tensor costs."""
 
     workers: int
     allreduce: Network
     allgather: Network
     encode_decode: AffineCost
     per_tensor: float = 0.0  # seconds each tensor adds to a grouped collective (Horovod's bookkeeping)
+    compression_per_tensor: float = 0.0  # seconds each tensor adds to a compressed bucket's work
+    merge_per_element: float = 0.0  # seconds per element to concatenate and split a multi-tensor bucket
 
     def to_list(self) -> list:
-        """[workers, allreduce latency, bandwidth, allgather latency, bandwidth, c0, c1, per_tensor]."""
+        """[workers, allreduce latency, bandwidth, allgather latency, bandwidth, c0, c1, per_tensor,
+        compression_per_tensor, merge_per_element] (floats)."""
         return [float(self.workers), self.allreduce.latency, self.allreduce.bandwidth, self.allgather.latency,
-                self.allgather.bandwidth, self.encode_decode.c0, self.encode_decode.c1, self.per_tensor]
+                self.allgather.bandwidth, self.encode_decode.c0, self.encode_decode.c1, self.per_tensor,
+                self.compression_per_tensor, self.merge_per_element]
 
     @classmethod
     def from_list(cls, values) -> "ClusterModel":
-        w, arl, arb, agl, agb, c0, c1, per_tensor = (float(v) for v in values)
-        return cls(int(round(w)), Network(arl, arb), Network(agl, agb), AffineCost(c0, c1), per_tensor)
+        w, arl, arb, agl, agb, c0, c1, per_tensor, compression_per_tensor, merge = (float(v) for v in values)
+        return cls(int(round(w)), Network(arl, arb), Network(agl, agb), AffineCost(c0, c1), per_tensor,
+                   compression_per_tensor, merge)
 
 
 @dataclass(frozen=True)
@@ -244,7 +249,9 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     of the payload. allreduce: ring allreduce of the payload. artopk: broadcast of the owner's k
     int32 indices plus a ring (or, with tree=True, tree) allreduce of k float32 values, plus an
     allgather of one float per worker when the owner is the max-variance worker (VAR). Each tensor
-    in a collective adds cluster.per_tensor (a compressed bucket sends WIRE_TENSORS).
+    in a collective adds cluster.per_tensor (a compressed bucket sends WIRE_TENSORS); each tensor
+    of a compressed bucket adds cluster.compression_per_tensor to its compression, and merging more
+    than one tensor costs cluster.merge_per_element per element (concatenate, split).
     """
     k = cluster.workers
     if strategy == "dense":
@@ -254,7 +261,9 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     if strategy not in available_strategies(compressor):
         raise ValueError(f"strategy must be one of {available_strategies(compressor)} for {compressor!r}, "
                          f"got {strategy!r}")
-    compression = cluster.encode_decode(elements)
+    compression = cluster.encode_decode(elements) + tensors * cluster.compression_per_tensor
+    if tensors > 1:
+        compression += cluster.merge_per_element * elements
     bookkeeping = WIRE_TENSORS * cluster.per_tensor if k > 1 else 0.0
     payload = compressor.payload_bytes(elements) + _NON_FINITE_COUNT_BYTES
     if strategy == "allgather":

@@ -7,7 +7,7 @@
 For each strategy (dense ring allreduce, the compressor's allgather (or RandomK's allreduce), AR-Topk
 with ring and with tree reduction for the index-value sparsifiers) it prints the predicted
 communication, compression (encode + decode) and total time per step, all gradients merged into one
-bucket as MergeComp does, and the strategy it would choose. total = compute (--compute-ms, default
+bucket as MergeComp does (with a profile, the per-tensor costs of its tensors count), and the strategy it would choose. total = compute (--compute-ms, default
 0) + compression + communication. Without --encode-ms, the encode+decode time is measured here, on
 this machine, by the same pipeline calibration times (a few seconds; needs the op library).
 --json prints {"strategies": [{"name", "communication_s", "compression_s", "total_s"}], "choice":
@@ -19,6 +19,7 @@ Bad arguments exit with status 2 and a one-line message.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -103,28 +104,31 @@ def _strategies(compressor) -> list:
     return rows
 
 
-def predict(elements: int, compressor, cluster: cm.ClusterModel, compute_seconds: float = 0.0) -> dict:
-    """{"strategies": [...], "choice": name} for one bucket of `elements` float32 gradients."""
+def predict(elements: int, compressor, cluster: cm.ClusterModel, compute_seconds: float = 0.0,
+            tensors: int = 1) -> dict:
+    """{"strategies": [...], "choice": name} for one bucket of `tensors` gradients, `elements` float32."""
     rows = []
     for name, strategy, tree in _strategies(compressor):
-        t = cm.strategy_time(strategy, elements, compressor, cluster, tree=tree)
+        t = cm.strategy_time(strategy, elements, compressor, cluster, tree=tree, tensors=tensors)
         rows.append({"name": name, "communication_s": t.communication, "compression_s": t.compression,
                      "total_s": compute_seconds + t.total})
     choice = min(rows, key=lambda r: r["total_s"])["name"]  # the first (dense) on ties
     return {"strategies": rows, "choice": choice}
 
 
-def _encode_decode(args, compressor, elements: int, workers: int) -> cm.AffineCost:
+def _encode_decode(args, compressor, elements: int, workers: int) -> tuple:
+    """(AffineCost, seconds per tensor, seconds per merged element) of the compression: --encode-ms
+    (all of it), or measured here."""
     if args.encode_ms is not None:
         if not (math.isfinite(args.encode_ms) and args.encode_ms >= 0):
             raise _UsageError(f"--encode-ms must be a number of milliseconds >= 0, got {args.encode_ms!r}")
-        return cm.AffineCost(args.encode_ms / 1e3, 0.0)
+        return cm.AffineCost(args.encode_ms / 1e3, 0.0), 0.0, 0.0
     from tfcomp import calibration
 
     return calibration.measure_compression(compressor, workers, elements)
 
 
-def _plot(path: str, elements: int, compressor, cluster: cm.ClusterModel, compute_seconds: float) -> None:
+def _plot(path: str, elements: int, tensors: int, compressor, cluster: cm.ClusterModel, compute_seconds: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,8 +138,8 @@ def _plot(path: str, elements: int, compressor, cluster: cm.ClusterModel, comput
     curves = {}
     for g in gbits:
         net = cm.Network(cluster.allreduce.latency, g * 1e9 / 8)
-        shifted = cm.ClusterModel(cluster.workers, net, net, cluster.encode_decode)
-        for row in predict(elements, compressor, shifted, compute_seconds)["strategies"]:
+        shifted = dataclasses.replace(cluster, allreduce=net, allgather=net)
+        for row in predict(elements, compressor, shifted, compute_seconds, tensors)["strategies"]:
             curves.setdefault(row["name"], []).append(1e3 * row["total_s"])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, ms in curves.items():
@@ -182,9 +186,10 @@ def _run(argv) -> int:
     tensors = [("params", args.params)] if args.params is not None else _load_profile(args.profile)
     elements = sum(n for _, n in tensors)
     compressor = _make_compressor(args.compressor, args.ratio)
-    cluster = cm.ClusterModel(args.workers, network, network,
-                              _encode_decode(args, compressor, elements, args.workers))
-    result = predict(elements, compressor, cluster, args.compute_ms / 1e3)
+    fit, compression_per_tensor, merge = _encode_decode(args, compressor, elements, args.workers)
+    cluster = cm.ClusterModel(args.workers, network, network, fit, compression_per_tensor=compression_per_tensor,
+                              merge_per_element=merge)
+    result = predict(elements, compressor, cluster, args.compute_ms / 1e3, tensors=len(tensors))
     if args.json:
         print(json.dumps(result))
     else:
@@ -201,7 +206,7 @@ def _run(argv) -> int:
             backprop = [(i, name, n) for i, (name, n) in reversed(list(enumerate(tensors)))]
             print(planning.make_plan(backprop, compressor, cluster).table())
     if args.plot:
-        _plot(args.plot, elements, compressor, cluster, args.compute_ms / 1e3)
+        _plot(args.plot, elements, len(tensors), compressor, cluster, args.compute_ms / 1e3)
     return 0
 
 

@@ -1,0 +1,139 @@
+"""Validation of the cost model: measured against predicted time per training step on emulated networks.
+
+For each network setting it creates a network namespace, shapes its loopback with a token-bucket
+filter (`tc qdisc add dev lo root tbf rate R burst 256kb latency 100ms`, DESIGN.md section 5;
+"unshaped" leaves it alone), runs `benchmarks/network_worker.py` there under
+`horovodrun -np 2 -H localhost:2 --gloo`, and deletes the namespace. The worker calibrates tfcomp
+on that network, interleaves the configurations round by round, and reports measured and
+predicted times per step (see its docstring). Calibration is not cached across settings
+(TFCOMP_CALIBRATION_CACHE=none): each setting is a different network.
+
+Both workers share the one loopback device, so the tbf rate is the sum of what they send: with two
+workers the per-worker bandwidth that calibration measures is about half the rate.
+
+Needs root (ip netns, tc). Run from the repository root:
+
+  python -m benchmarks.network_validation [--settings=unshaped,500mbit,1gbit,2gbit,5gbit]
+      [--rounds=5] [--steps=3] [--markdown_out=benchmarks/results/network_validation.md]
+"""
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from absl import app, flags
+
+__all__ = ["summarise"]
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"],
+                  "Loopback rates for tc tbf (e.g. 1gbit), or 'unshaped'.")
+flags.DEFINE_integer("rounds", 5, "Interleaved rounds per setting (the median is reported).")
+flags.DEFINE_integer("steps", 3, "Training steps per configuration per round.")
+flags.DEFINE_string("markdown_out", None, "Write the tables to this markdown file.")
+flags.DEFINE_string("json_out", None, "Write every setting's raw results to this JSON file.")
+
+NAMESPACE = "tfcomp_validation"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+def run_setting(setting: str) -> dict:
+    """One horovodrun inside a fresh namespace shaped to `setting`; returns the worker's JSON."""
+    _ip("netns", "delete", NAMESPACE, check=False)
+    _ip("netns", "add", NAMESPACE)
+    try:
+        _ip("-n", NAMESPACE, "link", "set", "lo", "up")
+        if setting != "unshaped":
+            subprocess.run(["ip", "netns", "exec", NAMESPACE, "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
+                            "rate", setting, "burst", "256kb", "latency", "100ms"], check=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "result.json")
+            env = dict(os.environ, TFCOMP_CALIBRATION_CACHE="none", TF_CPP_MIN_LOG_LEVEL="3",
+                       PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
+            command = ["ip", "netns", "exec", NAMESPACE, "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
+                       sys.executable, "-m", "benchmarks.network_worker", "--out", out,
+                       f"--rounds={FLAGS.rounds}", f"--steps={FLAGS.steps}"]
+            result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+            if result.returncode != 0:
+                raise RuntimeError(f"{setting}: horovodrun failed\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+            with open(out) as f:
+                return json.load(f)
+    finally:
+        _ip("netns", "delete", NAMESPACE, check=False)
+
+
+def _row(results, model, config):
+    return next(r for r in results if r["model"] == model and r["config"] == config)
+
+
+def summarise(by_setting: dict) -> tuple:
+    """(markdown text, {"errors": [...], "checks": {...}}) from {setting: worker JSON}."""
+    lines = ["| network | per-worker Gbit/s (calibrated) | model | config | strategies | measured ms | "
+             "predicted ms | error |", "|---|---|---|---|---|---|---|---|"]
+    errors = []
+    for setting, data in by_setting.items():
+        for r in data["results"]:
+            if r["config"] == "compute":
+                lines.append(f"| {setting} | | {r['model']} | compute only | | {1e3 * r['measured_s']:.1f} | | |")
+                continue
+            error = r["predicted_s"] / r["measured_s"] - 1
+            if r["config"] in ("horovod_dense", "dragonn"):
+                errors.append(abs(error))
+            gbits = r["cluster"][2] * 8 / 1e9
+            lines.append(f"| {setting} | {gbits:.2f} | {r['model']} | {r['config']} | "
+                         f"{'+'.join(r.get('strategies', ['dense']))} | {1e3 * r['measured_s']:.1f} | "
+                         f"{1e3 * r['predicted_s']:.1f} | {100 * error:+.1f}% |")
+    checks = {}
+    if errors:
+        checks["prediction_error_median"] = statistics.median(errors)
+        checks["prediction_error_max"] = max(errors)
+    if "unshaped" in by_setting:
+        results = by_setting["unshaped"]["results"]
+        checks["unshaped_many_small_plan_over_horovod"] = (
+            _row(results, "many_small", "plan")["measured_s"] / _row(results, "many_small", "horovod_dense")["measured_s"])
+    if "1gbit" in by_setting:
+        results = by_setting["1gbit"]["results"]
+        checks["1gbit_giant_horovod_over_plan"] = (
+            _row(results, "giant", "horovod_dense")["measured_s"] / _row(results, "giant", "plan")["measured_s"])
+        checks["1gbit_many_small_per_tensor_over_plan"] = (
+            _row(results, "many_small", "per_tensor")["measured_s"] / _row(results, "many_small", "plan")["measured_s"])
+    text = "\n".join(lines)
+    text += "\n\n| check | measured |\n|---|---|\n" + "\n".join(
+        f"| {name} | {value:.3f} |" if "error" not in name else f"| {name} | {100 * value:.1f}% |"
+        for name, value in checks.items())
+    return text, checks
+
+
+def main(argv):
+    del argv
+    if os.geteuid() != 0:
+        raise app.UsageError("network namespaces and tc need root")
+    by_setting = {}
+    for setting in FLAGS.settings:
+        print(f"{setting} ...", flush=True)
+        by_setting[setting] = run_setting(setting)
+    text, _ = summarise(by_setting)
+    header = (f"Network validation, {datetime.date.today()}, {platform.node()} ({os.cpu_count()} vCPUs), "
+              f"2 workers, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps, medians. Command: "
+              f"`python -m benchmarks.network_validation --settings={','.join(FLAGS.settings)} "
+              f"--rounds={FLAGS.rounds} --steps={FLAGS.steps}`\n\n")
+    print(header + text)
+    if FLAGS.markdown_out:
+        with open(FLAGS.markdown_out, "w") as f:
+            f.write(header + text + "\n")
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(by_setting, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)
