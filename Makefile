@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup ops test bazel-test bench run clean
+.PHONY: setup ops test bazel-test bench validate run clean
 
 setup:            ## Debian packages, .venv with the pinned stack, Horovod with Gloo, the op library
 	scripts/setup.sh
@@ -20,6 +20,10 @@ bazel-test: setup ## the same test files as Bazel py_tests
 
 bench: setup      ## kernel benchmark; writes benchmarks/results/kernel_benchmark.md
 	$(PY) -m benchmarks.kernel_benchmark --markdown_out=benchmarks/results/kernel_benchmark.md
+
+validate: setup   ## the cost model against 2-worker training on tc-shaped loopback (root); writes benchmarks/results/network_validation.md
+	$(PY) -m benchmarks.network_validation --markdown_out=benchmarks/results/network_validation.md \
+	    --json_out=benchmarks/results/network_validation.json
 
 run: setup        ## the main job: 2 Horovod workers train an MLP on digits with DRAGONN (1 %), print the compression table
 	horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/train_keras.py --compressor=dragonn --ratio=0.01 \
