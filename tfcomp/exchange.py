@@ -13,7 +13,7 @@ printed on rank 0. Every step then:
     residuals; buckets of one strategy share one grouped collective: allgather (decoded by one
     `sparse_batched_decode` of all K workers' payloads), allreduce (RandomK's shared indices), or
     AR-Topk (the owner's indices broadcast, values at them allreduced); divided by K for Average;
-  * dense buckets and every other dense tensor: Horovod's grouped allreduce with its own
+  * dense buckets and every other dense tensor: Horovod's allreduce, one per tensor, with its own
     prescale/postscale factors (fp16 on the wire for `tfcomp.FP16()`), what plain Horovod does;
   * `tf.IndexedSlices` (embeddings) unless `sparse_as_dense`: Horovod's sparse allreduce (allgather).
 
@@ -268,14 +268,12 @@ class GradientExchange(tf.Module):
         return 1.0, 1.0
 
     def _allreduce_dense(self, tensors):
-        if not tensors:
-            return []
+        """One Horovod allreduce per tensor, as Horovod's own optimizer does: each can start as soon
+        as its gradient is ready, and Horovod fuses those that are ready together."""
         prescale, postscale = self._dense_factors()
-        return _grouped_by_dtype(
-            hvd.grouped_allreduce, tensors, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
-            compression=hvd.Compression.fp16 if isinstance(self.compressor, FP16) else hvd.Compression.none,
-            process_set=self.process_set,
-        )
+        compression = hvd.Compression.fp16 if isinstance(self.compressor, FP16) else hvd.Compression.none
+        return [hvd.allreduce(t, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
+                              compression=compression, process_set=self.process_set) for t in tensors]
 
     def _record(self, grads, vars):  # noqa: A002
         """How each gradient will be exchanged (for describe())."""

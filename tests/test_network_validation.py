@@ -1,0 +1,42 @@
+"""The validation harness's summary: prediction errors and the issue's checks from worker results."""
+
+import pytest
+
+from benchmarks.network_validation import summarise
+
+
+def result(model, config, measured, predicted=None, strategies=("dense",)):
+    r = {"model": model, "config": config, "measured_s": measured, "samples_s": [measured],
+         "cluster": [2, 1e-4, 6.25e7, 1e-4, 6.25e7, 0, 3e-9, 0, 0, 0]}
+    if predicted is not None:
+        r.update(predicted_s=predicted, strategies=list(strategies))
+    return r
+
+
+def setting(giant_dense, giant_plan, small_dense, small_plan, small_per_tensor, errors):
+    e = iter(errors)
+    return {"workers": 2, "results": [
+        result("giant", "compute", 0.03),
+        result("giant", "horovod_dense", giant_dense, giant_dense * (1 + next(e))),
+        result("giant", "dragonn", giant_plan, giant_plan * (1 + next(e)), ["allgather"]),
+        result("giant", "plan", giant_plan, giant_plan, ["allgather"]),
+        result("many_small", "compute", 0.005),
+        result("many_small", "horovod_dense", small_dense, small_dense * (1 + next(e))),
+        result("many_small", "dragonn", small_plan, small_plan * (1 + next(e)), ["allgather"]),
+        result("many_small", "plan", small_plan, small_plan),
+        result("many_small", "per_tensor", small_per_tensor, small_per_tensor, ["allgather", "dense"]),
+    ]}
+
+
+def test_summary_reports_errors_and_checks(rng):
+    errors = [float(x) for x in rng.uniform(-0.3, 0.3, 8)]
+    by_setting = {"unshaped": setting(0.08, 0.1, 0.02, 0.021, 0.03, errors[:4]),
+                  "1gbit": setting(0.6, 0.1, 0.05, 0.015, 0.02, errors[4:])}
+    text, checks = summarise(by_setting)
+    assert checks["prediction_error_max"] == pytest.approx(max(abs(x) for x in errors))
+    assert checks["prediction_error_median"] == pytest.approx(sorted(abs(x) for x in errors)[3:5][0] / 2
+                                                              + sorted(abs(x) for x in errors)[3:5][1] / 2)
+    assert checks["unshaped_many_small_plan_over_horovod"] == pytest.approx(0.021 / 0.02)
+    assert checks["1gbit_giant_horovod_over_plan"] == pytest.approx(6.0)
+    assert checks["1gbit_many_small_per_tensor_over_plan"] == pytest.approx(0.02 / 0.015)
+    assert text.count("| unshaped |") == 9 and "| 1gbit | 0.50 | giant | dragonn | allgather |" in text
