@@ -15,7 +15,7 @@ from tfcomp.exchange import LocalCollectives
 
 @pytest.mark.parametrize("workers", [2, 3, 8])
 def test_network_fit_recovers_latency_and_bandwidth(rng, workers):
-    latency, bandwidth = float(rng.uniform(1e-6, 1e-3)), float(rng.uniform(1e7, 1e10))
+    latency, bandwidth = float(rng.uniform(1e-6, 1e-4)), float(rng.uniform(1e7, 1e9))
     net = cm.Network(latency, bandwidth)
     size = 4.0 * 2**22
     tiny, large = cm.ring_allreduce(4, workers, net), cm.ring_allreduce(size, workers, net)
@@ -25,6 +25,12 @@ def test_network_fit_recovers_latency_and_bandwidth(rng, workers):
     tiny, large = cm.ring_allgather(4, workers, net), cm.ring_allgather(size, workers, net)
     fitted = calibration._fit_network(tiny, large, size, workers - 1, 1.0)
     assert fitted.bandwidth == pytest.approx(bandwidth, rel=1e-3)
+
+
+def test_network_fit_is_not_fooled_by_a_slow_tiny_collective():
+    # Noise made the tiny allreduce take 9 ms and the large one 10 ms: half of it counts as transfer.
+    fitted = calibration._fit_network(0.009, 0.010, 4e6, 2, 0.5)
+    assert fitted.bandwidth == pytest.approx(2 * 0.5 * 4e6 / 0.005)
 
 
 @pytest.mark.parametrize("make", [lambda: tfcomp.DRAGONN(0.05), lambda: tfcomp.TopK(0.05), lambda: tfcomp.QSGD(4),

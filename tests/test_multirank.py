@@ -120,8 +120,8 @@ def test_plan_is_the_same_on_every_rank(reports):
 
 
 def test_perturbed_calibration_on_one_rank_still_gives_one_plan(reports):
-    # Rank 1 measured a network 1000x slower and free compression; rank 0's figures win everywhere.
-    assert reports[1]["plan/perturbed_own_bandwidth"] * 100 < reports[0]["plan/perturbed_cluster"][2]
+    # Rank 1 measured a 1 kB/s network and free compression; rank 0's figures win everywhere.
+    assert reports[1]["plan/perturbed_own_bandwidth"] == 1e3 and reports[0]["plan/perturbed_cluster"][2] > 1e6
     assert len({r["plan/perturbed_digest"] for r in reports}) == 1
     assert all(r["plan/perturbed_cluster"] == reports[0]["plan/perturbed_cluster"] for r in reports)
     assert all(r["plan/perturbed_finite"] for r in reports)

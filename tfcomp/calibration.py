@@ -65,9 +65,11 @@ def _rank0_value(value: float, process_set) -> float:
 
 
 def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, hops: float, bytes_per_hop: float) -> Network:
-    """Solves t = hops * (alpha + S_hop / B) from a tiny (S ~ 0) and a large measurement."""
+    """Solves t = hops * (alpha + S_hop / B) from a tiny (S ~ 0) and a large measurement. When
+    noise makes the tiny one take nearly as long as the large one, at least half of the large time
+    is taken as transfer (a lower bandwidth rather than an absurdly high one)."""
     latency = tiny_seconds / hops
-    per_byte = max(large_seconds - tiny_seconds, 1e-9) / (hops * bytes_per_hop * large_bytes)
+    per_byte = max(large_seconds - tiny_seconds, 0.5 * large_seconds) / (hops * bytes_per_hop * large_bytes)
     return Network(latency, 1.0 / per_byte)
 
 
