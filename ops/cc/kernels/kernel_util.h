@@ -40,25 +40,6 @@ const BitsOf<T>* AsBits(const T* data) {
   return reinterpret_cast<const BitsOf<T>*>(data);
 }
 
-// The smallest magnitude key whose value is >= threshold (a finite float32): |g| >= threshold
-// exactly when the key of g is >= this key, also for float16/bfloat16 gradients, where the
-// threshold generally falls between two representable values.
-template <typename T>
-BitsOf<T> ThresholdKey(float threshold) {
-  using Format = typename FormatOf<T>::type;
-  if (!(threshold > 0.0f)) return 0;
-  const T rounded = static_cast<T>(threshold);
-  BitsOf<T> bits = Eigen::numext::bit_cast<BitsOf<T>>(rounded) & Format::kAbsMask;
-  if (bits < Format::kInfKey && static_cast<float>(rounded) < threshold) ++bits;
-  return bits;
-}
-
-// The float32 value of a magnitude key.
-template <typename T>
-float KeyToFloat(BitsOf<T> key) {
-  return static_cast<float>(Eigen::numext::bit_cast<T>(key));
-}
-
 // Fails unless `tensor` is a scalar; `name` is the op argument it came from.
 inline ::tensorflow::Status CheckScalar(const ::tensorflow::Tensor& tensor, const char* name) {
   if (!::tensorflow::TensorShapeUtils::IsScalar(tensor.shape())) {

@@ -40,7 +40,7 @@ class EstimateThresholdOp : public OpKernel {
                 errors::InvalidArgument("grad must not be empty, got shape ", grad.shape().DebugString()));
 
     const int64_t n = std::min<int64_t>(num_samples_, size);
-    const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(ratio) * n + 0.5)));
+    const int64_t k = SampleRank(ratio, n);
     const uint64_t seed = static_cast<uint64_t>(seed_tensor.scalar<int64_t>()());
     const BitsOf<T>* g = AsBits(grad.flat<T>().data());
 
@@ -65,7 +65,7 @@ class EstimateThresholdOp : public OpKernel {
 
     Tensor* threshold = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {}, &threshold));
-    threshold->scalar<float>()() = KeyToFloat<T>(key);
+    threshold->scalar<float>()() = Format::KeyToFloat(key);
   }
 
  private:
