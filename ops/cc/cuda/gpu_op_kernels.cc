@@ -237,8 +237,9 @@ class SparseBatchedDecodeGpuOp : public OpKernel {
     OP_REQUIRES_OK(context, CudaStatus(context, cudaStreamSynchronize(stream)));
     if (bad < n) {
       int32_t bad_index = 0;
-      OP_REQUIRES_OK(context, CudaStatus(context, cudaMemcpy(&bad_index, pair_indices + bad, sizeof(bad_index),
-                                                             cudaMemcpyDeviceToHost)));
+      OP_REQUIRES_OK(context, CudaStatus(context, cudaMemcpyAsync(&bad_index, pair_indices + bad, sizeof(bad_index),
+                                                                  cudaMemcpyDeviceToHost, stream)));
+      OP_REQUIRES_OK(context, CudaStatus(context, cudaStreamSynchronize(stream)));
       context->SetStatus(errors::InvalidArgument("indices[", bad, "] = ", bad_index, " is out of range for size ",
                                                  size_, " (valid: -1 to ", size_ - 1, ")"));
     }
