@@ -66,9 +66,7 @@ cudaError_t SparseBatchedDecode(const typename Format::Bits* values, const int32
 #define TFCOMP_INSTANTIATE(Format)                                                                         \
   template cudaError_t SparseBatchedDecode<Format>(const Format::Bits*, const int32_t*, int64_t, int64_t, \
                                                    Format::Bits*, int64_t*, cudaStream_t);
-TFCOMP_INSTANTIATE(Float32Format)
-TFCOMP_INSTANTIATE(Float16Format)
-TFCOMP_INSTANTIATE(BFloat16Format)
+TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 
 }  // namespace cuda

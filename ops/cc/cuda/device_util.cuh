@@ -20,6 +20,9 @@
 // After a kernel launch: returns the launch error, if any.
 #define TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED() TFCOMP_CUDA_RETURN_IF_ERROR(cudaGetLastError())
 
+// Expands M(Format) for the three gradient formats (explicit instantiations of the launchers).
+#define TFCOMP_FOR_EACH_FORMAT(M) M(::tfcomp::Float32Format) M(::tfcomp::Float16Format) M(::tfcomp::BFloat16Format)
+
 // In a launcher taking (void* scratch, size_t* scratch_bytes): after every buffer was taken from
 // `carver`, answers a size query (scratch == nullptr) or rejects a scratch buffer that is too small.
 #define TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes)        \

@@ -112,9 +112,7 @@ cudaError_t DgcCompress(const typename Format::Bits* grad, int64_t size, const f
 #define TFCOMP_INSTANTIATE(Format)                                                                        \
   template cudaError_t DgcCompress<Format>(const Format::Bits*, int64_t, const float*, int64_t, Format::Bits*, \
                                            int32_t*, void*, size_t*, cudaStream_t);
-TFCOMP_INSTANTIATE(Float32Format)
-TFCOMP_INSTANTIATE(Float16Format)
-TFCOMP_INSTANTIATE(BFloat16Format)
+TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 
 }  // namespace cuda

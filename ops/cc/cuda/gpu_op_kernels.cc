@@ -30,7 +30,6 @@ using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Status;
 using ::tensorflow::Tensor;
-using ::tensorflow::TensorShapeUtils;
 namespace errors = ::tensorflow::errors;
 
 // A CUDA error as a TensorFlow error naming the op (never an abort).
@@ -80,13 +79,9 @@ class EstimateThresholdGpuOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     using Format = typename FormatOf<T>::type;
     const Tensor& grad = context->input(0);
-    OP_REQUIRES_OK(context, CheckScalar(context->input(1), "ratio"));
-    OP_REQUIRES_OK(context, CheckScalar(context->input(2), "seed"));
-    const float ratio = context->input(1).scalar<float>()();
-    OP_REQUIRES(context, ratio > 0.0f && ratio <= 1.0f, errors::InvalidArgument("ratio must be in (0, 1], got ", ratio));
+    float ratio;
+    OP_REQUIRES_OK(context, CheckEstimateArgs(grad, context->input(1), context->input(2), &ratio));
     const int64_t size = grad.NumElements();
-    OP_REQUIRES(context, size > 0,
-                errors::InvalidArgument("grad must not be empty, got shape ", grad.shape().DebugString()));
     const int64_t n = std::min<int64_t>(num_samples_, size);
     OP_REQUIRES(context, n <= std::numeric_limits<int32_t>::max(),
                 errors::InvalidArgument("num_samples must be < 2^31 on GPU, got ", num_samples_));
@@ -180,9 +175,7 @@ class TopkCompressGpuOp : public OpKernel {
     const Tensor& grad = context->input(0);
     OP_REQUIRES_OK(context, CheckIndexable(grad));
     const int64_t size = grad.NumElements();
-    OP_REQUIRES(context, k_ <= size,
-                errors::InvalidArgument("k must be <= the number of elements of grad (", size, " for shape ",
-                                        grad.shape().DebugString(), "), got ", k_));
+    OP_REQUIRES_OK(context, CheckTopkK(grad, k_));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {k_}, &values));
@@ -209,14 +202,7 @@ class SparseBatchedDecodeGpuOp : public OpKernel {
     using Format = typename FormatOf<T>::type;
     const Tensor& values = context->input(0);
     const Tensor& indices = context->input(1);
-    OP_REQUIRES(context, TensorShapeUtils::IsVector(values.shape()),
-                errors::InvalidArgument("values must be a vector, got shape ", values.shape().DebugString()));
-    OP_REQUIRES(context, TensorShapeUtils::IsVector(indices.shape()),
-                errors::InvalidArgument("indices must be a vector, got shape ", indices.shape().DebugString()));
-    OP_REQUIRES(context, values.NumElements() == indices.NumElements(),
-                errors::InvalidArgument("values and indices must have the same length, got values of shape ",
-                                        values.shape().DebugString(), " and indices of shape ",
-                                        indices.shape().DebugString()));
+    OP_REQUIRES_OK(context, CheckDecodePairs(values, indices));
     const int64_t n = values.NumElements();
     cudaStream_t stream;
     OP_REQUIRES_OK(context, GetStream(context, &stream));
@@ -240,8 +226,7 @@ class SparseBatchedDecodeGpuOp : public OpKernel {
       OP_REQUIRES_OK(context, CudaStatus(context, cudaMemcpyAsync(&bad_index, pair_indices + bad, sizeof(bad_index),
                                                                   cudaMemcpyDeviceToHost, stream)));
       OP_REQUIRES_OK(context, CudaStatus(context, cudaStreamSynchronize(stream)));
-      context->SetStatus(errors::InvalidArgument("indices[", bad, "] = ", bad_index, " is out of range for size ",
-                                                 size_, " (valid: -1 to ", size_ - 1, ")"));
+      context->SetStatus(BadDecodeIndex(bad, bad_index, size_));
     }
   }
 

@@ -72,9 +72,7 @@ cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, i
 #define TFCOMP_INSTANTIATE(Format)                                                                             \
   template cudaError_t EstimateThreshold<Format>(const Format::Bits*, int64_t, int64_t, int64_t, const int64_t*, \
                                                  float*, void*, size_t*, cudaStream_t);
-TFCOMP_INSTANTIATE(Float32Format)
-TFCOMP_INSTANTIATE(Float16Format)
-TFCOMP_INSTANTIATE(BFloat16Format)
+TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 
 }  // namespace cuda
