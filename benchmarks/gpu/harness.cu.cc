@@ -1,7 +1,9 @@
 // Standalone GPU harness of the tfcomp CUDA kernels (ops/cc/cuda/), no TensorFlow.
 //
 //   gpu_harness --self-check   host only, no GPU needed: the CPU reference path against naive
-//                              definitions, and the harness's comparisons against corrupted outputs
+//                              definitions, the harness's comparisons against corrupted outputs, the
+//                              launchers' argument checks, and (without a GPU) that every launcher
+//                              returns the CUDA error instead of aborting
 //   gpu_harness --check [--max-log2 27]
 //       every kernel, float32/float16/bfloat16, against the CPU reference (reference.cc, built on
 //       ops/cc/lib) on fresh random inputs, outputs poisoned (0xAB bytes) before each run, sizes that
@@ -30,13 +32,13 @@ namespace tfcomp {
 namespace harness {
 namespace {
 
-#define HARNESS_CUDA(expr)                                                                                \
-  do {                                                                                                    \
-    const cudaError_t harness_error_ = (expr);                                                            \
-    if (harness_error_ != cudaSuccess) {                                                                  \
+#define HARNESS_CUDA(expr)                                                                                           \
+  do {                                                                                                               \
+    const cudaError_t harness_error_ = (expr);                                                                       \
+    if (harness_error_ != cudaSuccess) {                                                                             \
       std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(harness_error_)); \
-      std::exit(2);                                                                                       \
-    }                                                                                                     \
+      std::exit(2);                                                                                                  \
+    }                                                                                                                \
   } while (0)
 
 // A device array of n elements of T (at least one element is allocated).
@@ -52,7 +54,8 @@ class DeviceArray {
   DeviceArray& operator=(const DeviceArray&) = delete;
   T* get() const { return data_; }
   void Upload(const std::vector<T>& host) {
-    HARNESS_CUDA(cudaMemcpy(data_, host.data(), std::min<int64_t>(n_, host.size()) * sizeof(T), cudaMemcpyHostToDevice));
+    HARNESS_CUDA(
+        cudaMemcpy(data_, host.data(), std::min<int64_t>(n_, host.size()) * sizeof(T), cudaMemcpyHostToDevice));
   }
   void Poison() { HARNESS_CUDA(cudaMemset(data_, 0xAB, n_ * sizeof(T))); }
   std::vector<T> Download() const {
@@ -87,7 +90,8 @@ int failures = 0;
 
 void Report(const std::string& check, const Verdict& verdict) {
   std::printf("%-64s %s", check.c_str(), verdict.ok() ? "ok" : "FAILED");
-  if (!verdict.ok()) std::printf("  %lld mismatches, first %s", static_cast<long long>(verdict.mismatches), verdict.first.c_str());
+  if (!verdict.ok())
+    std::printf("  %lld mismatches, first %s", static_cast<long long>(verdict.mismatches), verdict.first.c_str());
   std::printf("\n");
   std::fflush(stdout);
   if (!verdict.ok()) ++failures;
@@ -136,9 +140,9 @@ void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
   });
   const float threshold = d_threshold.Download()[0];
   const float want_threshold = RefEstimateThreshold<Format>(grad, num_samples, ratio, hash_seed);
-  Report(at + "estimate_threshold", Expect(FloatToBits(threshold) == FloatToBits(want_threshold),
-                                           "expected " + std::to_string(want_threshold) + ", got " +
-                                               std::to_string(threshold)));
+  Report(at + "estimate_threshold",
+         Expect(FloatToBits(threshold) == FloatToBits(want_threshold),
+                "expected " + std::to_string(want_threshold) + ", got " + std::to_string(threshold)));
 
   // The encodes use the GPU's threshold, on the device.
   DeviceArray<Bits> d_values(budget);
@@ -155,7 +159,8 @@ void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
     return cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), budget, d_values.get(),
                                          d_indices.get(), scratch, bytes, stream);
   });
-  Report(at + "dragonn_compress", CompareEncoded(RefDragonnCompress<Format>(grad, threshold, hash_seed, budget), encoded()));
+  Report(at + "dragonn_compress",
+         CompareEncoded(RefDragonnCompress<Format>(grad, threshold, hash_seed, budget), encoded()));
   RunWithScratch([&](void* scratch, size_t* bytes) {
     return cuda::DgcCompress<Format>(d_grad.get(), size, d_threshold.get(), budget, d_values.get(), d_indices.get(),
                                      scratch, bytes, stream);
@@ -191,8 +196,8 @@ void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
                                                  d_first_bad.get(), stream));
   const int64_t first_bad = d_first_bad.Download()[0];
   Report(at + "sparse_batched_decode finds the first bad index",
-         Expect(first_bad == pairs / 2 && RefSparseBatchedDecode<Format>(pair_values, pair_indices, size, &want_dense) ==
-                                              pairs / 2,
+         Expect(first_bad == pairs / 2 &&
+                    RefSparseBatchedDecode<Format>(pair_values, pair_indices, size, &want_dense) == pairs / 2,
                 "expected pair " + std::to_string(pairs / 2) + ", got " + std::to_string(first_bad)));
 }
 
@@ -206,6 +211,59 @@ int RunCheck(int max_log2) {
     CheckSize<BFloat16Format>("bfloat16", size, ++seed);
   }
   CheckSize<Float32Format>("float32", int64_t{1} << max_log2, ++seed);
+  return failures;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --self-check, the launcher part: argument checks, and CUDA errors returned (never an abort). Without
+// a GPU every launch must fail with the CUDA error; no pointer is dereferenced on the host.
+
+std::string ErrorName(cudaError_t error) { return error == cudaSuccess ? "cudaSuccess" : cudaGetErrorName(error); }
+
+// Reports "check: returned <error>"; want == cudaSuccess stands for any error.
+void ReportError(const std::string& check, cudaError_t got, cudaError_t want) {
+  Report(check + " " + ErrorName(got),
+         Expect(want == cudaSuccess ? got != cudaSuccess : got == want,
+                "expected " + (want == cudaSuccess ? std::string("an error") : ErrorName(want))));
+}
+
+int CheckLaunchers() {
+  using F = Float32Format;
+  int devices = 0;
+  const bool gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+  cudaGetLastError();
+  size_t bytes = size_t{1} << 40;  // "enough" scratch: only the launch itself can fail
+  void* scratch = reinterpret_cast<void*>(256);
+  const cudaError_t bad = cudaErrorInvalidValue;
+  ReportError("launchers: dragonn_compress, num_slots = 0 ->",
+              cuda::DragonnCompress<F>(nullptr, 10, nullptr, nullptr, 0, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: dgc_compress, size = 2^31 ->",
+              cuda::DgcCompress<F>(nullptr, int64_t{1} << 31, nullptr, 5, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: topk_compress, k > size ->",
+              cuda::TopkCompress<F>(nullptr, 10, 11, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: estimate_threshold, n > size ->",
+              cuda::EstimateThreshold<F>(nullptr, 10, 11, 1, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: sparse_batched_decode, n < 0 ->",
+              cuda::SparseBatchedDecode<F>(nullptr, nullptr, -1, 10, nullptr, nullptr, 0), bad);
+  size_t small = 1;
+  ReportError("launchers: dragonn_compress, scratch too small ->",
+              cuda::DragonnCompress<F>(nullptr, 10, nullptr, nullptr, 100, nullptr, nullptr, scratch, &small, 0), bad);
+  if (gpu) {
+    std::printf("(a GPU is present: the launches without a GPU are not checked)\n");
+    return failures;
+  }
+  const int64_t d = 1000003;
+  ReportError("no GPU: estimate_threshold ->",
+              cuda::EstimateThreshold<F>(nullptr, d, 65536, 65, nullptr, nullptr, scratch, &bytes, 0), cudaSuccess);
+  ReportError("no GPU: dragonn_compress ->",
+              cuda::DragonnCompress<F>(nullptr, d, nullptr, nullptr, 1000, nullptr, nullptr, scratch, &bytes, 0),
+              cudaSuccess);
+  ReportError("no GPU: dgc_compress ->",
+              cuda::DgcCompress<F>(nullptr, d, nullptr, 1000, nullptr, nullptr, scratch, &bytes, 0), cudaSuccess);
+  ReportError("no GPU: topk_compress ->", cuda::TopkCompress<F>(nullptr, d, 1000, nullptr, nullptr, scratch, &bytes, 0),
+              cudaSuccess);
+  ReportError("no GPU: sparse_batched_decode ->",
+              cuda::SparseBatchedDecode<F>(nullptr, nullptr, 4000, d, nullptr, nullptr, 0), cudaSuccess);
   return failures;
 }
 
@@ -285,8 +343,9 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
       return cudaGetLastError();
     });
     TimeWithScratch("estimate_threshold", d, runs, [&](void* scratch, size_t* bytes) {
-      return cuda::EstimateThreshold<Format>(grad.get(), d, std::min<int64_t>(65536, d), SampleRank(ratio, std::min<int64_t>(65536, d)),
-                                             seed.get(), threshold.get(), scratch, bytes, stream);
+      return cuda::EstimateThreshold<Format>(grad.get(), d, std::min<int64_t>(65536, d),
+                                             SampleRank(ratio, std::min<int64_t>(65536, d)), seed.get(),
+                                             threshold.get(), scratch, bytes, stream);
     });
     TimeWithScratch("dragonn_compress", d, runs, [&](void* scratch, size_t* bytes) {
       return cuda::DragonnCompress<Format>(grad.get(), d, threshold.get(), seed.get(), budget, values.get(),
@@ -331,7 +390,7 @@ int main(int argc, char** argv) {
   using namespace tfcomp::harness;
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "--self-check") {
-    const int failed = RunSelfCheck(ArgInt(argc, argv, "--seed", 1));
+    const int failed = RunSelfCheck(ArgInt(argc, argv, "--seed", 1)) + CheckLaunchers();
     std::printf("self-check: %s (%d failed)\n", failed == 0 ? "PASSED" : "FAILED", failed);
     return failed == 0 ? 0 : 1;
   }
@@ -349,7 +408,9 @@ int main(int argc, char** argv) {
              std::max(1, ArgInt(argc, argv, "--runs", 21)), ratio);
     return 0;
   }
-  std::fprintf(stderr, "usage: %s --self-check | --check [--max-log2 N] | --bench [--min-log2 N] [--max-log2 N] "
-                       "[--runs N] [--ratio R]\n", argv[0]);
+  std::fprintf(stderr,
+               "usage: %s --self-check | --check [--max-log2 N] | --bench [--min-log2 N] [--max-log2 N] "
+               "[--runs N] [--ratio R]\n",
+               argv[0]);
   return 2;
 }

@@ -80,7 +80,8 @@ int64_t RefSparseBatchedDecode(const std::vector<typename Format::Bits>& values,
   std::vector<int32_t> sorted_indices(n);
   for (int64_t p = 0; p < n; ++p) as_float[p] = ValueOf<Format>(values[p]), abs_values[p] = std::fabs(as_float[p]);
   std::vector<int64_t> cursor_copy = cursor;
-  SortPairsIntoChunks(as_float.data(), indices.data(), 0, n, cursor.data(), sorted_values.data(), sorted_indices.data());
+  SortPairsIntoChunks(as_float.data(), indices.data(), 0, n, cursor.data(), sorted_values.data(),
+                      sorted_indices.data());
   SortPairsIntoChunks(abs_values.data(), indices.data(), 0, n, cursor_copy.data(), sorted_abs.data(),
                       sorted_indices.data());
   out->dense.assign(size, 0.0f);
@@ -128,9 +129,9 @@ Verdict CompareEncoded(const Encoded<Format>& expected, const Encoded<Format>& g
   }
   for (size_t j = 0; j < expected.indices.size(); ++j) {
     if (expected.indices[j] != got.indices[j] || expected.values[j] != got.values[j]) {
-      Note(&verdict, Sprintf("[%zu]: expected (index %d, bits 0x%x), got (index %d, bits 0x%x)", j, expected.indices[j],
-                             static_cast<unsigned>(expected.values[j]), got.indices[j],
-                             static_cast<unsigned>(got.values[j])));
+      Note(&verdict,
+           Sprintf("[%zu]: expected (index %d, bits 0x%x), got (index %d, bits 0x%x)", j, expected.indices[j],
+                   static_cast<unsigned>(expected.values[j]), got.indices[j], static_cast<unsigned>(got.values[j])));
     }
   }
   return verdict;
@@ -146,8 +147,11 @@ Verdict CompareDecode(const DecodeReference& expected, const std::vector<typenam
   for (size_t i = 0; i < got.size(); ++i) {
     const double want = expected.dense[i], have = ValueOf<Format>(got[i]);
     const double tolerance = (expected.count[i] + 1) * Epsilon<Format>() * expected.abs_sum[i] + 1e-30;
-    const bool same = std::isnan(want) ? std::isnan(have) : std::isinf(want) ? want == have : std::fabs(have - want) <= tolerance;
-    if (!same) Note(&verdict, Sprintf("dense[%zu]: expected %.9g, got %.9g (tolerance %.3g)", i, want, have, tolerance));
+    const bool same = std::isnan(want)   ? std::isnan(have)
+                      : std::isinf(want) ? want == have
+                                         : std::fabs(have - want) <= tolerance;
+    if (!same)
+      Note(&verdict, Sprintf("dense[%zu]: expected %.9g, got %.9g (tolerance %.3g)", i, want, have, tolerance));
   }
   return verdict;
 }
@@ -188,11 +192,20 @@ std::vector<typename Format::Bits> MakeGradient(int64_t size, uint64_t seed) {
   for (int64_t s = 0; s < specials && size > 0; ++s) {
     const int64_t i = rng.Below(static_cast<uint32_t>(size));
     switch (s % 6) {
-      case 0: g[i] = static_cast<Bits>(Format::kInfKey | 1); break;                        // NaN
-      case 1: g[i] = static_cast<Bits>(Format::kInfKey | (s & 2 ? 1u << kSignShift : 0)); break;  // +-Inf
-      case 2: g[i] = 0; break;                                                              // +0
-      case 3: g[i] = static_cast<Bits>(1 + rng.Below(100)); break;                          // subnormal
-      default: g[i] = g[rng.Below(static_cast<uint32_t>(size))] ^ static_cast<Bits>(rng.Next() & 1) << kSignShift;  // tie
+      case 0:
+        g[i] = static_cast<Bits>(Format::kInfKey | 1);
+        break;  // NaN
+      case 1:
+        g[i] = static_cast<Bits>(Format::kInfKey | (s & 2 ? 1u << kSignShift : 0));
+        break;  // +-Inf
+      case 2:
+        g[i] = 0;
+        break;  // +0
+      case 3:
+        g[i] = static_cast<Bits>(1 + rng.Below(100));
+        break;  // subnormal
+      default:
+        g[i] = g[rng.Below(static_cast<uint32_t>(size))] ^ static_cast<Bits>(rng.Next() & 1) << kSignShift;  // tie
     }
   }
   return g;
@@ -225,7 +238,8 @@ Encoded<Format> NaiveDragonn(const std::vector<typename Format::Bits>& g, float 
   for (int64_t i = 0; i < static_cast<int64_t>(g.size()); ++i) {
     if (!NaiveSelected<Format>(g[i], threshold)) continue;
     int64_t& slot = best[hash(static_cast<uint32_t>(i))];
-    if (slot < 0 || std::make_tuple(MagnitudeKey<Format>(g[i]), i) > std::make_tuple(MagnitudeKey<Format>(g[slot]), slot)) {
+    if (slot < 0 ||
+        std::make_tuple(MagnitudeKey<Format>(g[i]), i) > std::make_tuple(MagnitudeKey<Format>(g[slot]), slot)) {
       slot = i;
     }
   }
@@ -241,7 +255,8 @@ template <class Format>
 Encoded<Format> NaiveDgc(const std::vector<typename Format::Bits>& g, float threshold, int64_t max_out) {
   Encoded<Format> out;
   for (int64_t i = 0; i < static_cast<int64_t>(g.size()) && static_cast<int64_t>(out.indices.size()) < max_out; ++i) {
-    if (NaiveSelected<Format>(g[i], threshold)) out.indices.push_back(static_cast<int32_t>(i)), out.values.push_back(g[i]);
+    if (NaiveSelected<Format>(g[i], threshold))
+      out.indices.push_back(static_cast<int32_t>(i)), out.values.push_back(g[i]);
   }
   out.indices.resize(max_out, -1);
   out.values.resize(max_out, 0);
@@ -289,9 +304,10 @@ template <class Format>
 void CheckKeys(const char* name, Rng* rng) {
   // KeyToFloat on every finite key; ThresholdKey against the smallest key whose value is >= t.
   int64_t bad_widen = 0, bad_round = 0;
-  for (uint32_t key = 0; key <= Format::kInfKey; ++key) bad_widen += Format::KeyToFloat(key) != NaiveKeyToFloat<Format>(key);
-  std::vector<float> thresholds = {0.0f, -1.0f, 1e-30f, 1e-9f, 5.96e-8f, 6.1e-5f, 1.0f, 65504.0f, 65505.0f, 65520.0f,
-                                   3.0e38f, INFINITY};
+  for (uint32_t key = 0; key <= Format::kInfKey; ++key)
+    bad_widen += Format::KeyToFloat(key) != NaiveKeyToFloat<Format>(key);
+  std::vector<float> thresholds = {0.0f, -1.0f,    1e-30f,   1e-9f,    5.96e-8f, 6.1e-5f,
+                                   1.0f, 65504.0f, 65505.0f, 65520.0f, 3.0e38f,  INFINITY};
   for (int j = 0; j < 2000; ++j) {
     const uint32_t key = rng->Below(Format::kInfKey);  // a value, a value nudged up, a value nudged down
     const float v = Format::KeyToFloat(static_cast<typename Format::Bits>(key));
@@ -318,11 +334,12 @@ void CheckReferences(const char* name, Rng* rng) {
     const float ratio = 0.01f;
     const float t = RefEstimateThreshold<Format>(g, 4096, ratio, seed);
     const float naive_t = NaiveThreshold<Format>(g, 4096, ratio, seed);
-    Report(Sprintf("%s d=%lld: estimate_threshold vs naive", name, static_cast<long long>(size)).c_str(),
-           t == naive_t, Sprintf("%.9g vs %.9g", t, naive_t));
+    Report(Sprintf("%s d=%lld: estimate_threshold vs naive", name, static_cast<long long>(size)).c_str(), t == naive_t,
+           Sprintf("%.9g vs %.9g", t, naive_t));
     const int64_t slots = std::max<int64_t>(1, size / 50);
     Verdict v = CompareEncoded(NaiveDragonn<Format>(g, t, seed, slots), RefDragonnCompress<Format>(g, t, seed, slots));
-    Report(Sprintf("%s d=%lld: dragonn_compress vs naive", name, static_cast<long long>(size)).c_str(), v.ok(), v.first);
+    Report(Sprintf("%s d=%lld: dragonn_compress vs naive", name, static_cast<long long>(size)).c_str(), v.ok(),
+           v.first);
     v = CompareEncoded(NaiveDgc<Format>(g, t, slots), RefDgcCompress<Format>(g, t, slots));
     Report(Sprintf("%s d=%lld: dgc_compress vs naive", name, static_cast<long long>(size)).c_str(), v.ok(), v.first);
     v = CompareEncoded(NaiveTopk<Format>(g, slots), RefTopkCompress<Format>(g, slots));
@@ -375,13 +392,13 @@ void CheckCheckers(const char* name, Rng* rng) {
   Report(Sprintf("%s: decode of 4 payloads, rounded to the format, passes", name).c_str(), valid && rounded.ok(),
          rounded.first);
   size_t target = 0;  // an element with a finite, nonzero sum
-  while (target + 1 < got.size() && !(expected.count[target] > 0 && std::isfinite(expected.dense[target]) &&
-                                      expected.dense[target] != 0.0f)) {
+  while (target + 1 < got.size() &&
+         !(expected.count[target] > 0 && std::isfinite(expected.dense[target]) && expected.dense[target] != 0.0f)) {
     ++target;
   }
   got[target] = static_cast<typename Format::Bits>(got[target] + 64);  // 64 ulps off
-  Report(Sprintf("%s: a decode element 64 ulps off is caught", name).c_str(), !CompareDecode<Format>(expected, got).ok(),
-         "");
+  Report(Sprintf("%s: a decode element 64 ulps off is caught", name).c_str(),
+         !CompareDecode<Format>(expected, got).ok(), "");
   std::vector<int32_t> out_of_range = indices;
   out_of_range[777] = static_cast<int32_t>(g.size());
   Report(Sprintf("%s: decode reference reports index == size at pair 777", name).c_str(),
@@ -404,9 +421,9 @@ int RunSelfCheck(uint64_t seed) {
   return failures;
 }
 
-#define TFCOMP_INSTANTIATE(Format)                                                                                 \
-  template float RefEstimateThreshold<Format>(const std::vector<Format::Bits>&, int64_t, float, int64_t);          \
-  template Encoded<Format> RefDragonnCompress<Format>(const std::vector<Format::Bits>&, float, int64_t, int64_t);  \
+#define TFCOMP_INSTANTIATE(Format)                                                                                \
+  template float RefEstimateThreshold<Format>(const std::vector<Format::Bits>&, int64_t, float, int64_t);         \
+  template Encoded<Format> RefDragonnCompress<Format>(const std::vector<Format::Bits>&, float, int64_t, int64_t); \
   template Encoded<Format> RefDgcCompress<Format>(const std::vector<Format::Bits>&, float, int64_t);              \
   template Encoded<Format> RefTopkCompress<Format>(const std::vector<Format::Bits>&, int64_t);                    \
   template int64_t RefSparseBatchedDecode<Format>(const std::vector<Format::Bits>&, const std::vector<int32_t>&,  \

@@ -63,7 +63,7 @@ cudaError_t SparseBatchedDecode(const typename Format::Bits* values, const int32
   return cudaSuccess;
 }
 
-#define TFCOMP_INSTANTIATE(Format)                                                                         \
+#define TFCOMP_INSTANTIATE(Format)                                                                        \
   template cudaError_t SparseBatchedDecode<Format>(const Format::Bits*, const int32_t*, int64_t, int64_t, \
                                                    Format::Bits*, int64_t*, cudaStream_t);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)

@@ -11,9 +11,9 @@
 #include "ops/cc/lib/magnitude.h"
 
 // Returns the error of a CUDA runtime or CUB call (cudaError_t) to the caller.
-#define TFCOMP_CUDA_RETURN_IF_ERROR(expr)        \
-  do {                                           \
-    const cudaError_t tfcomp_error_ = (expr);    \
+#define TFCOMP_CUDA_RETURN_IF_ERROR(expr)                   \
+  do {                                                      \
+    const cudaError_t tfcomp_error_ = (expr);               \
     if (tfcomp_error_ != cudaSuccess) return tfcomp_error_; \
   } while (0)
 
@@ -25,13 +25,13 @@
 
 // In a launcher taking (void* scratch, size_t* scratch_bytes): after every buffer was taken from
 // `carver`, answers a size query (scratch == nullptr) or rejects a scratch buffer that is too small.
-#define TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes)        \
-  do {                                                                         \
-    if ((scratch) == nullptr) {                                                \
-      *(scratch_bytes) = (carver).used();                                      \
-      return cudaSuccess;                                                      \
-    }                                                                          \
-    if (*(scratch_bytes) < (carver).used()) return cudaErrorInvalidValue;      \
+#define TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes)  \
+  do {                                                                    \
+    if ((scratch) == nullptr) {                                           \
+      *(scratch_bytes) = (carver).used();                                 \
+      return cudaSuccess;                                                 \
+    }                                                                     \
+    if (*(scratch_bytes) < (carver).used()) return cudaErrorInvalidValue; \
   } while (0)
 
 namespace tfcomp {

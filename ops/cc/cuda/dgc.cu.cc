@@ -46,8 +46,8 @@ __device__ __forceinline__ uint32_t SelectionMask(const typename Format::Bits* g
 
 // Block b counts the selected elements of tile b into tile_counts[b].
 template <class Format>
-__global__ void __launch_bounds__(kThreads) CountTiles(const typename Format::Bits* grad, int64_t size,
-                                                       const float* threshold, int32_t* tile_counts) {
+__global__ void __launch_bounds__(kThreads)
+    CountTiles(const typename Format::Bits* grad, int64_t size, const float* threshold, int32_t* tile_counts) {
   using BlockReduce = cub::BlockReduce<int32_t, kThreads>;
   __shared__ typename BlockReduce::TempStorage reduce_storage;
   const int64_t begin = blockIdx.x * kTile + static_cast<int64_t>(threadIdx.x) * kItemsPerThread;
@@ -58,10 +58,9 @@ __global__ void __launch_bounds__(kThreads) CountTiles(const typename Format::Bi
 
 // Block b writes the selected elements of tile b at tile_offsets[b] onwards, those before max_out.
 template <class Format>
-__global__ void __launch_bounds__(kThreads) CompactTiles(const typename Format::Bits* grad, int64_t size,
-                                                         const float* threshold, const int32_t* tile_offsets,
-                                                         int64_t max_out, typename Format::Bits* values,
-                                                         int32_t* indices) {
+__global__ void __launch_bounds__(kThreads)
+    CompactTiles(const typename Format::Bits* grad, int64_t size, const float* threshold, const int32_t* tile_offsets,
+                 int64_t max_out, typename Format::Bits* values, int32_t* indices) {
   using BlockScan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename BlockScan::TempStorage scan_storage;
   const int64_t tile_offset = tile_offsets[blockIdx.x];
@@ -80,9 +79,9 @@ __global__ void __launch_bounds__(kThreads) CompactTiles(const typename Format::
 }  // namespace
 
 template <class Format>
-cudaError_t DgcCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
-                        int64_t max_out, typename Format::Bits* values, int32_t* indices, void* scratch,
-                        size_t* scratch_bytes, cudaStream_t stream) {
+cudaError_t DgcCompress(const typename Format::Bits* grad, int64_t size, const float* threshold, int64_t max_out,
+                        typename Format::Bits* values, int32_t* indices, void* scratch, size_t* scratch_bytes,
+                        cudaStream_t stream) {
   if (size < 0 || size > kMaxElements || max_out < 1 || max_out > kMaxElements) return cudaErrorInvalidValue;
   const int64_t num_tiles = (size + kTile - 1) / kTile;
   ScratchCarver carver(scratch);
@@ -102,14 +101,13 @@ cudaError_t DgcCompress(const typename Format::Bits* grad, int64_t size, const f
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   TFCOMP_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(scan_scratch, scan_bytes, tile_counts, tile_offsets,
                                                             static_cast<int>(num_tiles), stream));
-  CompactTiles<Format><<<static_cast<unsigned int>(num_tiles), kThreads, 0, stream>>>(grad, size, threshold,
-                                                                                       tile_offsets, max_out, values,
-                                                                                       indices);
+  CompactTiles<Format><<<static_cast<unsigned int>(num_tiles), kThreads, 0, stream>>>(
+      grad, size, threshold, tile_offsets, max_out, values, indices);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   return cudaSuccess;
 }
 
-#define TFCOMP_INSTANTIATE(Format)                                                                        \
+#define TFCOMP_INSTANTIATE(Format)                                                                             \
   template cudaError_t DgcCompress<Format>(const Format::Bits*, int64_t, const float*, int64_t, Format::Bits*, \
                                            int32_t*, void*, size_t*, cudaStream_t);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)

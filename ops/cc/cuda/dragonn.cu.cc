@@ -39,8 +39,8 @@ __global__ void UnpackSlots(const unsigned long long* slots, int64_t num_slots, 
 
 template <class Format>
 cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
-                            const int64_t* seed, int64_t num_slots, typename Format::Bits* values,
-                            int32_t* indices, void* scratch, size_t* scratch_bytes, cudaStream_t stream) {
+                            const int64_t* seed, int64_t num_slots, typename Format::Bits* values, int32_t* indices,
+                            void* scratch, size_t* scratch_bytes, cudaStream_t stream) {
   if (size < 0 || size > kMaxElements || num_slots < 1 || num_slots > kMaxElements) return cudaErrorInvalidValue;
   ScratchCarver carver(scratch);
   unsigned long long* slots = carver.Take<unsigned long long>(num_slots);
@@ -55,9 +55,9 @@ cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, con
   return cudaSuccess;
 }
 
-#define TFCOMP_INSTANTIATE(Format)                                                                      \
-  template cudaError_t DragonnCompress<Format>(const Format::Bits*, int64_t, const float*, const int64_t*, \
-                                               int64_t, Format::Bits*, int32_t*, void*, size_t*, cudaStream_t);
+#define TFCOMP_INSTANTIATE(Format)                                                                                  \
+  template cudaError_t DragonnCompress<Format>(const Format::Bits*, int64_t, const float*, const int64_t*, int64_t, \
+                                               Format::Bits*, int32_t*, void*, size_t*, cudaStream_t);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 

@@ -10,8 +10,6 @@
 //   * sparse_batched_decode waits for its stream once, after the scatter, to report an index out of
 //     range as InvalidArgument (the output is then not produced).
 // First: included after TensorFlow's logging, stream_executor's absl/log/check.h redefines CHECK.
-#include "tensorflow/core/platform/stream_executor.h"
-
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -21,6 +19,7 @@
 #include "ops/cc/kernels/kernel_util.h"
 #include "ops/cc/lib/hashing.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/platform/stream_executor.h"
 
 namespace tfcomp {
 namespace {
@@ -58,8 +57,8 @@ Status LaunchWithScratch(OpKernelContext* context, const Launch& launch) {
   size_t bytes = 0;
   TF_RETURN_IF_ERROR(CudaStatus(context, launch(nullptr, &bytes, stream)));
   Tensor scratch;
-  TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_UINT8,
-                                            {static_cast<int64_t>(std::max<size_t>(bytes, 1))}, &scratch));
+  TF_RETURN_IF_ERROR(
+      context->allocate_temp(::tensorflow::DT_UINT8, {static_cast<int64_t>(std::max<size_t>(bytes, 1))}, &scratch));
   return CudaStatus(context, launch(scratch.flat<::tensorflow::uint8>().data(), &bytes, stream));
 }
 
@@ -88,7 +87,8 @@ class EstimateThresholdGpuOp : public OpKernel {
     Tensor* threshold = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {}, &threshold));
     OP_REQUIRES_OK(context, LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
-                     return cuda::EstimateThreshold<Format>(AsBits(grad.flat<T>().data()), size, n, SampleRank(ratio, n),
+                     return cuda::EstimateThreshold<Format>(AsBits(grad.flat<T>().data()), size, n,
+                                                            SampleRank(ratio, n),
                                                             context->input(2).scalar<int64_t>().data(),
                                                             threshold->scalar<float>().data(), scratch, bytes, stream);
                    }));
@@ -151,10 +151,9 @@ class DgcCompressGpuOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(0, {max_out_}, &values));
     OP_REQUIRES_OK(context, context->allocate_output(1, {max_out_}, &indices));
     OP_REQUIRES_OK(context, LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
-                     return cuda::DgcCompress<Format>(AsBits(grad.flat<T>().data()), grad.NumElements(),
-                                                      context->input(1).scalar<float>().data(), max_out_,
-                                                      MutableBits<T>(values), indices->flat<int32_t>().data(), scratch,
-                                                      bytes, stream);
+                     return cuda::DgcCompress<Format>(
+                         AsBits(grad.flat<T>().data()), grad.NumElements(), context->input(1).scalar<float>().data(),
+                         max_out_, MutableBits<T>(values), indices->flat<int32_t>().data(), scratch, bytes, stream);
                    }));
   }
 
@@ -212,14 +211,13 @@ class SparseBatchedDecodeGpuOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_temp(::tensorflow::DT_INT64, {1}, &first_bad_tensor));
     int64_t* first_bad = first_bad_tensor.flat<int64_t>().data();
     const int32_t* pair_indices = indices.flat<int32_t>().data();
-    OP_REQUIRES_OK(context, CudaStatus(context, cuda::SparseBatchedDecode<Format>(AsBits(values.flat<T>().data()),
-                                                                                  pair_indices, n, size_,
-                                                                                  MutableBits<T>(dense), first_bad,
-                                                                                  stream)));
+    OP_REQUIRES_OK(context, CudaStatus(context, cuda::SparseBatchedDecode<Format>(
+                                                    AsBits(values.flat<T>().data()), pair_indices, n, size_,
+                                                    MutableBits<T>(dense), first_bad, stream)));
     // The one wait: is any index out of range? (Then the op fails and `dense` is discarded.)
     int64_t bad = 0;
-    OP_REQUIRES_OK(context, CudaStatus(context, cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost,
-                                                                stream)));
+    OP_REQUIRES_OK(context,
+                   CudaStatus(context, cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream)));
     OP_REQUIRES_OK(context, CudaStatus(context, cudaStreamSynchronize(stream)));
     if (bad < n) {
       int32_t bad_index = 0;
@@ -234,21 +232,18 @@ class SparseBatchedDecodeGpuOp : public OpKernel {
   int64_t size_;
 };
 
-#define REGISTER_GPU(T)                                                                                      \
-  REGISTER_KERNEL_BUILDER(Name("Tfcomp>EstimateThreshold")                                                   \
-                              .Device(::tensorflow::DEVICE_GPU)                                              \
-                              .TypeConstraint<T>("T")                                                        \
-                              .HostMemory("ratio"),                                                          \
-                          EstimateThresholdGpuOp<T>);                                                        \
-  REGISTER_KERNEL_BUILDER(Name("Tfcomp>DragonnCompress").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"), \
-                          DragonnCompressGpuOp<T>);                                                          \
-  REGISTER_KERNEL_BUILDER(Name("Tfcomp>DgcCompress").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),     \
-                          DgcCompressGpuOp<T>);                                                              \
-  REGISTER_KERNEL_BUILDER(Name("Tfcomp>TopkCompress").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),    \
-                          TopkCompressGpuOp<T>);                                                             \
-  REGISTER_KERNEL_BUILDER(                                                                                   \
-      Name("Tfcomp>SparseBatchedDecode").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),            \
-      SparseBatchedDecodeGpuOp<T>)
+#define REGISTER_GPU(T)                                                                                               \
+  REGISTER_KERNEL_BUILDER(                                                                                            \
+      Name("Tfcomp>EstimateThreshold").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T").HostMemory("ratio"),   \
+      EstimateThresholdGpuOp<T>);                                                                                     \
+  REGISTER_KERNEL_BUILDER(Name("Tfcomp>DragonnCompress").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),     \
+                          DragonnCompressGpuOp<T>);                                                                   \
+  REGISTER_KERNEL_BUILDER(Name("Tfcomp>DgcCompress").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),         \
+                          DgcCompressGpuOp<T>);                                                                       \
+  REGISTER_KERNEL_BUILDER(Name("Tfcomp>TopkCompress").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"),        \
+                          TopkCompressGpuOp<T>);                                                                      \
+  REGISTER_KERNEL_BUILDER(Name("Tfcomp>SparseBatchedDecode").Device(::tensorflow::DEVICE_GPU).TypeConstraint<T>("T"), \
+                          SparseBatchedDecodeGpuOp<T>)
 REGISTER_GPU(float);
 REGISTER_GPU(Eigen::half);
 REGISTER_GPU(Eigen::bfloat16);

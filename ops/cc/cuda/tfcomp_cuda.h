@@ -12,8 +12,9 @@
 //     *scratch_bytes and launches nothing; call it again with a device buffer of that size.
 //   * Work is enqueued on `stream`; nothing synchronises. The return value is the first CUDA error
 //     met (cudaErrorInvalidValue for arguments out of range), cudaSuccess otherwise.
-//   * Gradients hold < 2^31 elements (indices are int32), and so do the sample and the outputs. Results are those of the CPU kernels
-//     (ops/cc/kernels/) for the same inputs and seed, except the order of additions in the decode.
+//   * Gradients hold < 2^31 elements (indices are int32), and so do the sample and the outputs.
+//   * Results are those of the CPU kernels (ops/cc/kernels/) for the same inputs and seed, except the
+//     order of additions in the decode.
 #ifndef TFCOMP_OPS_CC_CUDA_TFCOMP_CUDA_H_
 #define TFCOMP_OPS_CC_CUDA_TFCOMP_CUDA_H_
 
@@ -40,16 +41,16 @@ cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, i
 // unpacked. grad: [size]; values: [num_slots] Format::Bits; indices: [num_slots] int32 (-1: empty).
 template <class Format>
 cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
-                            const int64_t* seed, int64_t num_slots, typename Format::Bits* values,
-                            int32_t* indices, void* scratch, size_t* scratch_bytes, cudaStream_t stream);
+                            const int64_t* seed, int64_t num_slots, typename Format::Bits* values, int32_t* indices,
+                            void* scratch, size_t* scratch_bytes, cudaStream_t stream);
 
 // dgc_compress: the first max_out elements with |g| >= *threshold in index order, padded with
 // index -1 and value 0: a mask and count per tile, a prefix sum over tiles (CUB), and a compaction
 // that re-reads each tile and scans it within the block. values, indices: [max_out].
 template <class Format>
-cudaError_t DgcCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
-                        int64_t max_out, typename Format::Bits* values, int32_t* indices, void* scratch,
-                        size_t* scratch_bytes, cudaStream_t stream);
+cudaError_t DgcCompress(const typename Format::Bits* grad, int64_t size, const float* threshold, int64_t max_out,
+                        typename Format::Bits* values, int32_t* indices, void* scratch, size_t* scratch_bytes,
+                        cudaStream_t stream);
 
 // topk_compress: the k elements of largest RankWord (magnitude, then larger index), in increasing
 // index order: a CUB radix sort of the rank words, then a sort of the k winning indices.

@@ -69,7 +69,7 @@ cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, i
   return cudaSuccess;
 }
 
-#define TFCOMP_INSTANTIATE(Format)                                                                             \
+#define TFCOMP_INSTANTIATE(Format)                                                                               \
   template cudaError_t EstimateThreshold<Format>(const Format::Bits*, int64_t, int64_t, int64_t, const int64_t*, \
                                                  float*, void*, size_t*, cudaStream_t);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)

@@ -67,15 +67,15 @@ cudaError_t TopkCompress(const typename Format::Bits* grad, int64_t size, int64_
   bytes = sort_bytes;
   TFCOMP_CUDA_RETURN_IF_ERROR(
       cub::DeviceRadixSort::SortKeys(sort_scratch, bytes, winners, static_cast<int>(k), 0, 31, stream));
-  GatherWinners<Format><<<NumBlocks(k, kThreads * 4), kThreads, 0, stream>>>(grad, winners.Current(), k, values,
-                                                                               indices);
+  GatherWinners<Format>
+      <<<NumBlocks(k, kThreads * 4), kThreads, 0, stream>>>(grad, winners.Current(), k, values, indices);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   return cudaSuccess;
 }
 
-#define TFCOMP_INSTANTIATE(Format)                                                                     \
-  template cudaError_t TopkCompress<Format>(const Format::Bits*, int64_t, int64_t, Format::Bits*, int32_t*, \
-                                            void*, size_t*, cudaStream_t);
+#define TFCOMP_INSTANTIATE(Format)                                                                                 \
+  template cudaError_t TopkCompress<Format>(const Format::Bits*, int64_t, int64_t, Format::Bits*, int32_t*, void*, \
+                                            size_t*, cudaStream_t);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 

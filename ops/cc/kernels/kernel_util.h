@@ -70,7 +70,8 @@ inline ::tensorflow::Status CheckIndexable(const ::tensorflow::Tensor& grad) {
 }
 
 // estimate_threshold: grad non-empty, ratio a float32 scalar in (0, 1] (stored in *ratio), seed a scalar.
-inline ::tensorflow::Status CheckEstimateArgs(const ::tensorflow::Tensor& grad, const ::tensorflow::Tensor& ratio_tensor,
+inline ::tensorflow::Status CheckEstimateArgs(const ::tensorflow::Tensor& grad,
+                                              const ::tensorflow::Tensor& ratio_tensor,
                                               const ::tensorflow::Tensor& seed_tensor, float* ratio) {
   TF_RETURN_IF_ERROR(CheckScalar(ratio_tensor, "ratio"));
   TF_RETURN_IF_ERROR(CheckScalar(seed_tensor, "seed"));
