@@ -30,8 +30,9 @@ __global__ void UnpackSlots(const unsigned long long* slots, int64_t num_slots, 
                             int32_t* indices) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < num_slots; s += stride) {
-    indices[s] = SlotIndex(slots[s]);
-    values[s] = SlotValueBits<Format>(slots[s]);
+    const unsigned long long word = slots[s];
+    indices[s] = SlotIndex(word);
+    values[s] = SlotValueBits<Format>(word);
   }
 }
 
