@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup ops test bazel-test bench validate run clean
+.PHONY: setup ops test bazel-test cuda-check bench validate run clean
 
 setup:            ## Debian packages, .venv with the pinned stack, Horovod with Gloo, the op library
 	scripts/setup.sh
@@ -17,6 +17,9 @@ test: setup       ## the test suite (pytest)
 
 bazel-test: setup ## the same test files as Bazel py_tests
 	scripts/bazel.sh test //...
+
+cuda-check: setup ## with nvcc: compile the CUDA op library and the GPU harness, run the checks that need no GPU
+	scripts/cuda_check.sh
 
 bench: setup      ## kernel benchmark; writes benchmarks/results/kernel_benchmark.md
 	$(PY) -m benchmarks.kernel_benchmark --markdown_out=benchmarks/results/kernel_benchmark.md
@@ -31,4 +34,4 @@ run: setup        ## the main job: 2 Horovod workers train an MLP on digits with
 
 clean:
 	bazel clean
-	rm -f tfcomp/_tfcomp_ops.so
+	rm -rf tfcomp/_tfcomp_ops.so build/gpu_harness

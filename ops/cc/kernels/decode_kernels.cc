@@ -12,8 +12,6 @@ using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
-using ::tensorflow::TensorShapeUtils;
-namespace errors = ::tensorflow::errors;
 
 template <typename T>
 class SparseBatchedDecodeOp : public OpKernel {
@@ -25,14 +23,7 @@ class SparseBatchedDecodeOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& values = context->input(0);
     const Tensor& indices = context->input(1);
-    OP_REQUIRES(context, TensorShapeUtils::IsVector(values.shape()),
-                errors::InvalidArgument("values must be a vector, got shape ", values.shape().DebugString()));
-    OP_REQUIRES(context, TensorShapeUtils::IsVector(indices.shape()),
-                errors::InvalidArgument("indices must be a vector, got shape ", indices.shape().DebugString()));
-    OP_REQUIRES(context, values.NumElements() == indices.NumElements(),
-                errors::InvalidArgument("values and indices must have the same length, got values of shape ",
-                                        values.shape().DebugString(), " and indices of shape ",
-                                        indices.shape().DebugString()));
+    OP_REQUIRES_OK(context, CheckDecodePairs(values, indices));
     const int64_t n = values.NumElements();
     const T* pair_values = values.flat<T>().data();
     const int32_t* pair_indices = indices.flat<int32_t>().data();
@@ -53,9 +44,7 @@ class SparseBatchedDecodeOp : public OpKernel {
     });
     for (int64_t r = 0; r < num_ranges; ++r) {
       const int64_t bad = counts[r * (num_chunks + 1) + num_chunks];
-      OP_REQUIRES(context, bad < 0,
-                  errors::InvalidArgument("indices[", bad, "] = ", bad < 0 ? 0 : pair_indices[bad],
-                                          " is out of range for size ", size_, " (valid: -1 to ", size_ - 1, ")"));
+      OP_REQUIRES(context, bad < 0, BadDecodeIndex(bad, bad < 0 ? 0 : pair_indices[bad], size_));
     }
 
     // 2. Exclusive prefix sum in (chunk, range) order turns counts into cursors, so that the sort is

@@ -32,7 +32,7 @@ class DgcCompressOp : public OpKernel {
     const int64_t size = grad.NumElements();
     const T* grad_values = grad.flat<T>().data();
     const BitsOf<T>* g = AsBits(grad_values);
-    const BitsOf<T> threshold_key = ThresholdKey<T>(threshold);
+    const BitsOf<T> threshold_key = ThresholdKey<Format>(threshold);
 
     // Each shard of blocks collects its selected indices in order (at most max_out); the lists are
     // then joined in order, which gives the first max_out selected indices of the tensor in one pass.

@@ -36,7 +36,7 @@ class DragonnCompressOp : public OpKernel {
 
     const int64_t size = grad.NumElements();
     const BitsOf<T>* g = AsBits(grad.flat<T>().data());
-    const BitsOf<T> threshold_key = ThresholdKey<T>(threshold);
+    const BitsOf<T> threshold_key = ThresholdKey<Format>(threshold);
     const SlotHash hash =
         SlotHash::FromSeed(static_cast<uint64_t>(seed_tensor.scalar<int64_t>()()), static_cast<uint32_t>(num_slots_));
 

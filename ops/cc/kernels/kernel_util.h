@@ -40,25 +40,6 @@ const BitsOf<T>* AsBits(const T* data) {
   return reinterpret_cast<const BitsOf<T>*>(data);
 }
 
-// The smallest magnitude key whose value is >= threshold (a finite float32): |g| >= threshold
-// exactly when the key of g is >= this key, also for float16/bfloat16 gradients, where the
-// threshold generally falls between two representable values.
-template <typename T>
-BitsOf<T> ThresholdKey(float threshold) {
-  using Format = typename FormatOf<T>::type;
-  if (!(threshold > 0.0f)) return 0;
-  const T rounded = static_cast<T>(threshold);
-  BitsOf<T> bits = Eigen::numext::bit_cast<BitsOf<T>>(rounded) & Format::kAbsMask;
-  if (bits < Format::kInfKey && static_cast<float>(rounded) < threshold) ++bits;
-  return bits;
-}
-
-// The float32 value of a magnitude key.
-template <typename T>
-float KeyToFloat(BitsOf<T> key) {
-  return static_cast<float>(Eigen::numext::bit_cast<T>(key));
-}
-
 // Fails unless `tensor` is a scalar; `name` is the op argument it came from.
 inline ::tensorflow::Status CheckScalar(const ::tensorflow::Tensor& tensor, const char* name) {
   if (!::tensorflow::TensorShapeUtils::IsScalar(tensor.shape())) {
@@ -86,6 +67,53 @@ inline ::tensorflow::Status CheckIndexable(const ::tensorflow::Tensor& grad) {
         "); at most 2^31 - 1 are supported because indices are int32");
   }
   return ::tensorflow::OkStatus();
+}
+
+// estimate_threshold: grad non-empty, ratio a float32 scalar in (0, 1] (stored in *ratio), seed a scalar.
+inline ::tensorflow::Status CheckEstimateArgs(const ::tensorflow::Tensor& grad,
+                                              const ::tensorflow::Tensor& ratio_tensor,
+                                              const ::tensorflow::Tensor& seed_tensor, float* ratio) {
+  TF_RETURN_IF_ERROR(CheckScalar(ratio_tensor, "ratio"));
+  TF_RETURN_IF_ERROR(CheckScalar(seed_tensor, "seed"));
+  *ratio = ratio_tensor.scalar<float>()();
+  if (!(*ratio > 0.0f && *ratio <= 1.0f)) {
+    return ::tensorflow::errors::InvalidArgument("ratio must be in (0, 1], got ", *ratio);
+  }
+  if (grad.NumElements() == 0) {
+    return ::tensorflow::errors::InvalidArgument("grad must not be empty, got shape ", grad.shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// topk_compress: k must not exceed the number of elements of grad.
+inline ::tensorflow::Status CheckTopkK(const ::tensorflow::Tensor& grad, int64_t k) {
+  if (k > grad.NumElements()) {
+    return ::tensorflow::errors::InvalidArgument("k must be <= the number of elements of grad (", grad.NumElements(),
+                                                 " for shape ", grad.shape().DebugString(), "), got ", k);
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// sparse_batched_decode: values and indices must be vectors of the same length.
+inline ::tensorflow::Status CheckDecodePairs(const ::tensorflow::Tensor& values, const ::tensorflow::Tensor& indices) {
+  if (!::tensorflow::TensorShapeUtils::IsVector(values.shape())) {
+    return ::tensorflow::errors::InvalidArgument("values must be a vector, got shape ", values.shape().DebugString());
+  }
+  if (!::tensorflow::TensorShapeUtils::IsVector(indices.shape())) {
+    return ::tensorflow::errors::InvalidArgument("indices must be a vector, got shape ", indices.shape().DebugString());
+  }
+  if (values.NumElements() != indices.NumElements()) {
+    return ::tensorflow::errors::InvalidArgument("values and indices must have the same length, got values of shape ",
+                                                 values.shape().DebugString(), " and indices of shape ",
+                                                 indices.shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// sparse_batched_decode: pair `position` holds `index`, outside [-1, size).
+inline ::tensorflow::Status BadDecodeIndex(int64_t position, int64_t index, int64_t size) {
+  return ::tensorflow::errors::InvalidArgument("indices[", position, "] = ", index, " is out of range for size ", size,
+                                               " (valid: -1 to ", size - 1, ")");
 }
 
 // Runs work(first_block, end_block) over ceil(total / block_size) blocks of block_size elements

@@ -13,7 +13,6 @@ using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
-namespace errors = ::tensorflow::errors;
 
 constexpr int64_t kSampleBlock = 1024;
 constexpr int64_t kPrefetchDistance = 32;
@@ -30,17 +29,12 @@ class EstimateThresholdOp : public OpKernel {
     const Tensor& grad = context->input(0);
     const Tensor& ratio_tensor = context->input(1);
     const Tensor& seed_tensor = context->input(2);
-    OP_REQUIRES_OK(context, CheckScalar(ratio_tensor, "ratio"));
-    OP_REQUIRES_OK(context, CheckScalar(seed_tensor, "seed"));
-    const float ratio = ratio_tensor.scalar<float>()();
-    OP_REQUIRES(context, ratio > 0.0f && ratio <= 1.0f,
-                errors::InvalidArgument("ratio must be in (0, 1], got ", ratio));
+    float ratio;
+    OP_REQUIRES_OK(context, CheckEstimateArgs(grad, ratio_tensor, seed_tensor, &ratio));
     const int64_t size = grad.NumElements();
-    OP_REQUIRES(context, size > 0,
-                errors::InvalidArgument("grad must not be empty, got shape ", grad.shape().DebugString()));
 
     const int64_t n = std::min<int64_t>(num_samples_, size);
-    const int64_t k = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(ratio) * n + 0.5)));
+    const int64_t k = SampleRank(ratio, n);
     const uint64_t seed = static_cast<uint64_t>(seed_tensor.scalar<int64_t>()());
     const BitsOf<T>* g = AsBits(grad.flat<T>().data());
 
@@ -65,7 +59,7 @@ class EstimateThresholdOp : public OpKernel {
 
     Tensor* threshold = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {}, &threshold));
-    threshold->scalar<float>()() = KeyToFloat<T>(key);
+    threshold->scalar<float>()() = Format::KeyToFloat(key);
   }
 
  private:

@@ -28,10 +28,8 @@ class TopkCompressOp : public OpKernel {
     using Format = typename FormatOf<T>::type;
     const Tensor& grad = context->input(0);
     OP_REQUIRES_OK(context, CheckIndexable(grad));
+    OP_REQUIRES_OK(context, CheckTopkK(grad, k_));
     const int64_t size = grad.NumElements();
-    OP_REQUIRES(context, k_ <= size,
-                ::tensorflow::errors::InvalidArgument("k must be <= the number of elements of grad (", size,
-                                                      " for shape ", grad.shape().DebugString(), "), got ", k_));
     const T* grad_values = grad.flat<T>().data();
     const BitsOf<T>* g = AsBits(grad_values);
 

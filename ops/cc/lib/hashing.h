@@ -2,6 +2,7 @@
 #ifndef TFCOMP_OPS_CC_LIB_HASHING_H_
 #define TFCOMP_OPS_CC_LIB_HASHING_H_
 
+#include <cmath>
 #include <cstdint>
 
 #include "ops/cc/lib/magnitude.h"
@@ -31,7 +32,7 @@ struct SlotHash {
   uint64_t increment;
   uint32_t num_slots;
 
-  static SlotHash FromSeed(uint64_t seed, uint32_t num_slots) {
+  TFCOMP_HOST_DEVICE static SlotHash FromSeed(uint64_t seed, uint32_t num_slots) {
     SlotHash h;
     h.multiplier = Mix64(seed ^ 0xD1B54A32D192ED03ull) | 1ull;
     h.increment = Mix64(seed + 0x632BE59BD9B4E019ull);
@@ -44,6 +45,23 @@ struct SlotHash {
     return ReduceToRange(h32, num_slots);
   }
 };
+
+// Position of sample i of n drawn from [0, size): sample i is uniform within its stratum
+// [i * size / n, (i + 1) * size / n), so the sample covers the tensor evenly and does not alias
+// with periodic structure (rows, channels) the way a fixed stride can. Requires n <= size.
+TFCOMP_HOST_DEVICE inline int64_t SamplePosition(int64_t i, int64_t n, int64_t size, uint64_t seed) {
+  const int64_t lo = i * size / n;
+  const int64_t hi = (i + 1) * size / n;
+  const uint32_t r = static_cast<uint32_t>(Mix64(seed ^ Mix64(static_cast<uint64_t>(i))) >> 32);
+  return lo + ReduceToRange(r, static_cast<uint32_t>(hi - lo));
+}
+
+// The rank k of the threshold among n samples for a kept fraction `ratio`: max(1, round(ratio * n)),
+// halves rounded up, computed in double as the op documentation states.
+inline int64_t SampleRank(float ratio, int64_t n) {
+  const int64_t k = static_cast<int64_t>(std::floor(static_cast<double>(ratio) * n + 0.5));
+  return k < 1 ? 1 : k;
+}
 
 }  // namespace tfcomp
 

@@ -7,7 +7,9 @@
 #ifndef TFCOMP_OPS_CC_LIB_MAGNITUDE_H_
 #define TFCOMP_OPS_CC_LIB_MAGNITUDE_H_
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define TFCOMP_HOST_DEVICE __host__ __device__
@@ -17,12 +19,39 @@
 
 namespace tfcomp {
 
+// The raw bits of a float32 and back, on the host and on a CUDA device.
+TFCOMP_HOST_DEVICE inline uint32_t FloatToBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+TFCOMP_HOST_DEVICE inline float BitsToFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+// Each format has, besides its masks:
+//   RoundUpKey(b): for the bits b of a positive float32 (+Inf included), the key of the smallest
+//                  value of the format that is >= it (Inf when there is none);
+//   KeyToFloat(k): the float32 value of a magnitude key (exact: every value widens exactly).
 struct Float32Format {
   using Bits = uint32_t;
   using SignedBits = int32_t;
   static constexpr Bits kAbsMask = 0x7FFFFFFFu;
   static constexpr Bits kInfKey = 0x7F800000u;
   static constexpr Bits kMaxFiniteKey = 0x7F7FFFFFu;
+  TFCOMP_HOST_DEVICE static Bits RoundUpKey(uint32_t b) { return b; }
+  TFCOMP_HOST_DEVICE static float KeyToFloat(Bits key) { return BitsToFloat(key); }
 };
 
 struct Float16Format {
@@ -31,6 +60,24 @@ struct Float16Format {
   static constexpr Bits kAbsMask = 0x7FFF;
   static constexpr Bits kInfKey = 0x7C00;
   static constexpr Bits kMaxFiniteKey = 0x7BFF;
+  TFCOMP_HOST_DEVICE static Bits RoundUpKey(uint32_t b) {
+    const int exponent = static_cast<int>(b >> 23) - 127;
+    if (exponent > 15) return kInfKey;  // above the largest finite half, or +Inf
+    if (exponent < -14) {
+      // Subnormal range: half values are m * 2^-24; scaling by 2^24 and ceil are exact in float32.
+      return static_cast<Bits>(ceilf(BitsToFloat(b) * 16777216.0f));
+    }
+    const uint32_t mantissa = b & 0x7FFFFFu;
+    // Truncate to 10 mantissa bits, then step up when bits were cut (a carry moves the exponent).
+    return static_cast<Bits>((static_cast<uint32_t>(exponent + 15) << 10 | mantissa >> 13) +
+                             ((mantissa & 0x1FFFu) != 0));
+  }
+  TFCOMP_HOST_DEVICE static float KeyToFloat(Bits key) {
+    const uint32_t exponent = key >> 10, mantissa = key & 0x3FFu;
+    if (exponent == 0) return static_cast<float>(mantissa) * (1.0f / 16777216.0f);
+    if (exponent == 31) return BitsToFloat(0x7F800000u | mantissa << 13);
+    return BitsToFloat((exponent + 112) << 23 | mantissa << 13);
+  }
 };
 
 struct BFloat16Format {
@@ -39,6 +86,10 @@ struct BFloat16Format {
   static constexpr Bits kAbsMask = 0x7FFF;
   static constexpr Bits kInfKey = 0x7F80;
   static constexpr Bits kMaxFiniteKey = 0x7F7F;
+  TFCOMP_HOST_DEVICE static Bits RoundUpKey(uint32_t b) {
+    return static_cast<Bits>((b >> 16) + ((b & 0xFFFFu) != 0));
+  }
+  TFCOMP_HOST_DEVICE static float KeyToFloat(Bits key) { return BitsToFloat(static_cast<uint32_t>(key) << 16); }
 };
 
 // The magnitude key of a value given by its raw bits.
@@ -47,8 +98,17 @@ TFCOMP_HOST_DEVICE inline typename Format::Bits MagnitudeKey(typename Format::Bi
   return static_cast<typename Format::Bits>(bits & Format::kAbsMask);
 }
 
+// The smallest magnitude key whose value is >= threshold (a float32): |g| >= threshold exactly when
+// the key of g is >= this key, also for float16/bfloat16 gradients, where the threshold generally
+// falls between two representable values. A threshold <= 0 or NaN gives key 0 (everything selected).
+template <class Format>
+TFCOMP_HOST_DEVICE inline typename Format::Bits ThresholdKey(float threshold) {
+  if (!(threshold > 0.0f)) return 0;
+  return Format::RoundUpKey(FloatToBits(threshold));
+}
+
 // True when |x| >= threshold, for x given by its bits and the threshold by its magnitude key
-// (see ThresholdKey in the kernels). NaN and Inf keys exceed every finite threshold key.
+// (see ThresholdKey). NaN and Inf keys exceed every finite threshold key.
 // The comparison is done on signed integers (both sides are < 2^(bits-1)) so that it vectorises
 // with the baseline x86-64 instruction set.
 template <class Format>

@@ -16,6 +16,7 @@
 
 #include "ops/cc/lib/hashing.h"
 #include "ops/cc/lib/magnitude.h"
+#include "ops/cc/lib/words.h"
 
 namespace tfcomp {
 
@@ -83,17 +84,7 @@ inline bool ForEachSelected(const typename Format::Bits* g, int64_t begin, int64
 }
 
 // ---------------------------------------------------------------------------------------------
-// estimate_threshold: stratified random sample + selection.
-
-// Position of sample i of n drawn from [0, size): sample i is uniform within its stratum
-// [i * size / n, (i + 1) * size / n), so the sample covers the tensor evenly and does not alias
-// with periodic structure (rows, channels) the way a fixed stride can. Requires n <= size.
-inline int64_t SamplePosition(int64_t i, int64_t n, int64_t size, uint64_t seed) {
-  const int64_t lo = i * size / n;
-  const int64_t hi = (i + 1) * size / n;
-  const uint32_t r = static_cast<uint32_t>(Mix64(seed ^ Mix64(static_cast<uint64_t>(i))) >> 32);
-  return lo + ReduceToRange(r, static_cast<uint32_t>(hi - lo));
-}
+// estimate_threshold: stratified random sample (SamplePosition in hashing.h) + selection.
 
 // The k-th largest finite key of keys[0, n) (k >= 1), reordering keys. Non-finite keys are left out:
 // the compressors select NaN and Inf whatever the threshold. With fewer than k finite keys it is
@@ -111,33 +102,6 @@ inline typename Format::Bits KthLargestFiniteKey(typename Format::Bits* keys, in
 
 // ---------------------------------------------------------------------------------------------
 // dragonn_compress (004 Algorithm 1).
-
-// Slot contents while hashing: 0 for an empty slot, else
-//   (magnitude key + 1) << 32  |  index << 1  |  sign bit.
-// The larger word wins a slot, so on a collision the element of larger magnitude keeps the slot
-// (NaN above Inf above finite), and among equal magnitudes the larger index (004 Lemma A.5); the
-// outcome does not depend on thread timing. The word also holds the winner's exact value (key and
-// sign), so the output needs no second, random read of the gradient. Indices are < 2^31.
-template <class Format>
-inline uint64_t SlotWord(typename Format::Bits bits, int64_t index) {
-  constexpr int kSignShift = 8 * sizeof(typename Format::Bits) - 1;
-  return (static_cast<uint64_t>(MagnitudeKey<Format>(bits)) + 1) << 32 |
-         static_cast<uint64_t>(static_cast<uint32_t>(index)) << 1 | ((bits >> kSignShift) & 1);
-}
-
-// The index held by a slot word, -1 for an empty slot.
-inline int32_t SlotIndex(uint64_t word) {
-  return word == 0 ? -1 : static_cast<int32_t>(static_cast<uint32_t>(word) >> 1);
-}
-
-// The raw bits of the value held by a slot word (+0 for an empty slot).
-template <class Format>
-inline typename Format::Bits SlotValueBits(uint64_t word) {
-  using Bits = typename Format::Bits;
-  constexpr int kSignShift = 8 * sizeof(Bits) - 1;
-  if (word == 0) return 0;
-  return static_cast<Bits>(((word >> 32) - 1) | (word & 1) << kSignShift);
-}
 
 // Appends the slot words of the selected elements of g[begin, end) to out, in index order.
 template <class Format>
@@ -177,12 +141,6 @@ inline void DgcCollectRange(const typename Format::Bits* g, int64_t begin, int64
 
 // ---------------------------------------------------------------------------------------------
 // topk_compress: exact top-k by magnitude.
-
-// Rank words: magnitude key << 32 | index; larger is better (ties go to the larger index).
-template <class Format>
-inline uint64_t RankWord(typename Format::Bits bits, int64_t index) {
-  return static_cast<uint64_t>(MagnitudeKey<Format>(bits)) << 32 | static_cast<uint32_t>(index);
-}
 
 // Keeps the k largest words of words[0, n) in words[0, min(k, n)) (unordered); returns that count.
 inline int64_t KeepLargest(uint64_t* words, int64_t n, int64_t k) {

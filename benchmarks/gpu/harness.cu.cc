@@ -1,0 +1,416 @@
+// Standalone GPU harness of the tfcomp CUDA kernels (ops/cc/cuda/), no TensorFlow.
+//
+//   gpu_harness --self-check   host only, no GPU needed: the CPU reference path against naive
+//                              definitions, the harness's comparisons against corrupted outputs, the
+//                              launchers' argument checks, and (without a GPU) that every launcher
+//                              returns the CUDA error instead of aborting
+//   gpu_harness --check [--max-log2 27]
+//       every kernel, float32/float16/bfloat16, against the CPU reference (reference.cc, built on
+//       ops/cc/lib) on fresh random inputs, outputs poisoned (0xAB bytes) before each run, sizes that
+//       are not multiples of the block or tile size, float32 up to d = 2^max-log2
+//   gpu_harness --bench [--min-log2 20] [--max-log2 27] [--runs 21] [--ratio 0.001]
+//       float32 timings with CUDA events after 3 warm-up runs, median of --runs; prints one line
+//       "RESULT<TAB>op<TAB>d<TAB>median_ms" per measurement (benchmarks/gpu/report.py reads them)
+//
+// Exit status: 0 when every check passed, 1 when one failed, 2 on a CUDA error or bad usage.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "benchmarks/gpu/reference.h"
+#include "ops/cc/cuda/device_util.cuh"
+#include "ops/cc/cuda/tfcomp_cuda.h"
+#include "ops/cc/lib/hashing.h"
+
+namespace tfcomp {
+namespace harness {
+namespace {
+
+#define HARNESS_CUDA(expr)                                                                                           \
+  do {                                                                                                               \
+    const cudaError_t harness_error_ = (expr);                                                                       \
+    if (harness_error_ != cudaSuccess) {                                                                             \
+      std::fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(harness_error_)); \
+      std::exit(2);                                                                                                  \
+    }                                                                                                                \
+  } while (0)
+
+// A device array of n elements of T (at least one element is allocated).
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(int64_t n) : n_(n) { HARNESS_CUDA(cudaMalloc(&data_, std::max<int64_t>(n, 1) * sizeof(T))); }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(static_cast<int64_t>(host.size())) {
+    HARNESS_CUDA(cudaMemcpy(data_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceArray() { cudaFree(data_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() const { return data_; }
+  void Upload(const std::vector<T>& host) {
+    HARNESS_CUDA(
+        cudaMemcpy(data_, host.data(), std::min<int64_t>(n_, host.size()) * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void Poison() { HARNESS_CUDA(cudaMemset(data_, 0xAB, n_ * sizeof(T))); }
+  std::vector<T> Download() const {
+    std::vector<T> host(n_);
+    HARNESS_CUDA(cudaDeviceSynchronize());
+    HARNESS_CUDA(cudaMemcpy(host.data(), data_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  T* data_ = nullptr;
+  int64_t n_;
+};
+
+// Scratch for one launcher, sized by its query launch(nullptr, bytes).
+template <class Launch>
+DeviceArray<char> ScratchFor(const Launch& launch, size_t* bytes) {
+  *bytes = 0;
+  HARNESS_CUDA(launch(nullptr, bytes));
+  return DeviceArray<char>(static_cast<int64_t>(*bytes));
+}
+
+template <class Launch>
+void RunWithScratch(const Launch& launch) {
+  size_t bytes;
+  DeviceArray<char> scratch = ScratchFor(launch, &bytes);
+  HARNESS_CUDA(launch(scratch.get(), &bytes));
+  HARNESS_CUDA(cudaDeviceSynchronize());
+}
+
+int failures = 0;
+
+void Report(const std::string& check, const Verdict& verdict) {
+  std::printf("%-64s %s", check.c_str(), verdict.ok() ? "ok" : "FAILED");
+  if (!verdict.ok())
+    std::printf("  %lld mismatches, first %s", static_cast<long long>(verdict.mismatches), verdict.first.c_str());
+  std::printf("\n");
+  std::fflush(stdout);
+  if (!verdict.ok()) ++failures;
+}
+
+Verdict Expect(bool condition, const std::string& what) {
+  Verdict verdict;
+  if (!condition) verdict.mismatches = 1, verdict.first = what;
+  return verdict;
+}
+
+// The random (value, index) pairs of `payloads` payloads of m pairs each, indices in [-1, size).
+template <class Format>
+void MakePairs(int64_t payloads, int64_t m, int64_t size, uint64_t seed, std::vector<typename Format::Bits>* values,
+               std::vector<int32_t>* indices) {
+  *values = MakeGradient<Format>(payloads * m, seed);
+  indices->resize(payloads * m);
+  for (int64_t p = 0; p < payloads * m; ++p) {
+    const uint64_t r = Mix64(seed ^ Mix64(p));
+    (*indices)[p] = r % 97 == 0 ? -1 : static_cast<int32_t>(ReduceToRange(static_cast<uint32_t>(r >> 32), size));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// --check
+
+template <class Format>
+void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
+  using Bits = typename Format::Bits;
+  const std::string at = std::string(dtype) + " d=" + std::to_string(size) + ": ";
+  const std::vector<Bits> grad = MakeGradient<Format>(size, seed);
+  const DeviceArray<Bits> d_grad(grad);
+  const int64_t hash_seed = static_cast<int64_t>(Mix64(seed));
+  const DeviceArray<int64_t> d_seed(std::vector<int64_t>{hash_seed});
+  const float ratio = size <= 65537 ? 0.01f : 0.001f;
+  const int64_t budget = std::max<int64_t>(1, std::llround(ratio * size));
+  cudaStream_t stream = 0;
+
+  // estimate_threshold
+  const int64_t num_samples = 65536, n = std::min<int64_t>(num_samples, size);
+  DeviceArray<float> d_threshold(1);
+  d_threshold.Poison();
+  RunWithScratch([&](void* scratch, size_t* bytes) {
+    return cuda::EstimateThreshold<Format>(d_grad.get(), size, n, SampleRank(ratio, n), d_seed.get(), d_threshold.get(),
+                                           scratch, bytes, stream);
+  });
+  const float threshold = d_threshold.Download()[0];
+  const float want_threshold = RefEstimateThreshold<Format>(grad, num_samples, ratio, hash_seed);
+  Report(at + "estimate_threshold",
+         Expect(FloatToBits(threshold) == FloatToBits(want_threshold),
+                "expected " + std::to_string(want_threshold) + ", got " + std::to_string(threshold)));
+
+  // The encodes use the GPU's threshold, on the device.
+  DeviceArray<Bits> d_values(budget);
+  DeviceArray<int32_t> d_indices(budget);
+  auto encoded = [&]() {
+    Encoded<Format> got{d_values.Download(), d_indices.Download()};
+    d_values.Poison();
+    d_indices.Poison();
+    return got;
+  };
+  d_values.Poison();
+  d_indices.Poison();
+  RunWithScratch([&](void* scratch, size_t* bytes) {
+    return cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), budget, d_values.get(),
+                                         d_indices.get(), scratch, bytes, stream);
+  });
+  Report(at + "dragonn_compress",
+         CompareEncoded(RefDragonnCompress<Format>(grad, threshold, hash_seed, budget), encoded()));
+  RunWithScratch([&](void* scratch, size_t* bytes) {
+    return cuda::DgcCompress<Format>(d_grad.get(), size, d_threshold.get(), budget, d_values.get(), d_indices.get(),
+                                     scratch, bytes, stream);
+  });
+  Report(at + "dgc_compress", CompareEncoded(RefDgcCompress<Format>(grad, threshold, budget), encoded()));
+  RunWithScratch([&](void* scratch, size_t* bytes) {
+    return cuda::TopkCompress<Format>(d_grad.get(), size, budget, d_values.get(), d_indices.get(), scratch, bytes,
+                                      stream);
+  });
+  Report(at + "topk_compress", CompareEncoded(RefTopkCompress<Format>(grad, budget), encoded()));
+
+  // sparse_batched_decode of 4 payloads of `budget` pairs, then with two bad indices.
+  std::vector<Bits> pair_values;
+  std::vector<int32_t> pair_indices;
+  MakePairs<Format>(4, budget, size, seed + 1, &pair_values, &pair_indices);
+  const DeviceArray<Bits> d_pair_values(pair_values);
+  DeviceArray<int32_t> d_pair_indices(pair_indices);
+  DeviceArray<Bits> d_dense(size);
+  DeviceArray<int64_t> d_first_bad(1);
+  d_dense.Poison();
+  d_first_bad.Poison();
+  const int64_t pairs = pair_values.size();
+  HARNESS_CUDA(cuda::SparseBatchedDecode<Format>(d_pair_values.get(), d_pair_indices.get(), pairs, size, d_dense.get(),
+                                                 d_first_bad.get(), stream));
+  DecodeReference want_dense;
+  RefSparseBatchedDecode<Format>(pair_values, pair_indices, size, &want_dense);
+  Report(at + "sparse_batched_decode, 4 payloads", CompareDecode<Format>(want_dense, d_dense.Download()));
+  Report(at + "sparse_batched_decode reports no bad index", Expect(d_first_bad.Download()[0] >= pairs, "a bad index"));
+  pair_indices[pairs / 2] = static_cast<int32_t>(std::min<int64_t>(size, INT32_MAX));
+  pair_indices[pairs - 1] = -2;
+  d_pair_indices.Upload(pair_indices);
+  HARNESS_CUDA(cuda::SparseBatchedDecode<Format>(d_pair_values.get(), d_pair_indices.get(), pairs, size, d_dense.get(),
+                                                 d_first_bad.get(), stream));
+  const int64_t first_bad = d_first_bad.Download()[0];
+  Report(at + "sparse_batched_decode finds the first bad index",
+         Expect(first_bad == pairs / 2 &&
+                    RefSparseBatchedDecode<Format>(pair_values, pair_indices, size, &want_dense) == pairs / 2,
+                "expected pair " + std::to_string(pairs / 2) + ", got " + std::to_string(first_bad)));
+}
+
+int RunCheck(int max_log2) {
+  const std::vector<int64_t> sizes = {1, 255, 4097, 65537, 1048579, 16777259};
+  uint64_t seed = 20261122;
+  for (int64_t size : sizes) {
+    if (size > (int64_t{1} << max_log2)) continue;
+    CheckSize<Float32Format>("float32", size, ++seed);
+    CheckSize<Float16Format>("float16", size, ++seed);
+    CheckSize<BFloat16Format>("bfloat16", size, ++seed);
+  }
+  CheckSize<Float32Format>("float32", int64_t{1} << max_log2, ++seed);
+  return failures;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --self-check, the launcher part: argument checks, and CUDA errors returned (never an abort). Without
+// a GPU every launch must fail with the CUDA error; no pointer is dereferenced on the host.
+
+std::string ErrorName(cudaError_t error) { return error == cudaSuccess ? "cudaSuccess" : cudaGetErrorName(error); }
+
+// Reports "check: returned <error>"; want == cudaSuccess stands for any error.
+void ReportError(const std::string& check, cudaError_t got, cudaError_t want) {
+  Report(check + " " + ErrorName(got),
+         Expect(want == cudaSuccess ? got != cudaSuccess : got == want,
+                "expected " + (want == cudaSuccess ? std::string("an error") : ErrorName(want))));
+}
+
+int CheckLaunchers() {
+  using F = Float32Format;
+  int devices = 0;
+  const bool gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+  cudaGetLastError();
+  size_t bytes = size_t{1} << 40;  // "enough" scratch: only the launch itself can fail
+  void* scratch = reinterpret_cast<void*>(256);
+  const cudaError_t bad = cudaErrorInvalidValue;
+  ReportError("launchers: dragonn_compress, num_slots = 0 ->",
+              cuda::DragonnCompress<F>(nullptr, 10, nullptr, nullptr, 0, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: dgc_compress, size = 2^31 ->",
+              cuda::DgcCompress<F>(nullptr, int64_t{1} << 31, nullptr, 5, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: topk_compress, k > size ->",
+              cuda::TopkCompress<F>(nullptr, 10, 11, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: estimate_threshold, n > size ->",
+              cuda::EstimateThreshold<F>(nullptr, 10, 11, 1, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: sparse_batched_decode, n < 0 ->",
+              cuda::SparseBatchedDecode<F>(nullptr, nullptr, -1, 10, nullptr, nullptr, 0), bad);
+  size_t small = 1;
+  ReportError("launchers: dragonn_compress, scratch too small ->",
+              cuda::DragonnCompress<F>(nullptr, 10, nullptr, nullptr, 100, nullptr, nullptr, scratch, &small, 0), bad);
+  if (gpu) {
+    std::printf("(a GPU is present: the launches without a GPU are not checked)\n");
+    return failures;
+  }
+  const int64_t d = 1000003;
+  ReportError("no GPU: estimate_threshold ->",
+              cuda::EstimateThreshold<F>(nullptr, d, 65536, 65, nullptr, nullptr, scratch, &bytes, 0), cudaSuccess);
+  ReportError("no GPU: dragonn_compress ->",
+              cuda::DragonnCompress<F>(nullptr, d, nullptr, nullptr, 1000, nullptr, nullptr, scratch, &bytes, 0),
+              cudaSuccess);
+  ReportError("no GPU: dgc_compress ->",
+              cuda::DgcCompress<F>(nullptr, d, nullptr, 1000, nullptr, nullptr, scratch, &bytes, 0), cudaSuccess);
+  ReportError("no GPU: topk_compress ->", cuda::TopkCompress<F>(nullptr, d, 1000, nullptr, nullptr, scratch, &bytes, 0),
+              cudaSuccess);
+  ReportError("no GPU: sparse_batched_decode ->",
+              cuda::SparseBatchedDecode<F>(nullptr, nullptr, 4000, d, nullptr, nullptr, 0), cudaSuccess);
+  return failures;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --bench (float32)
+
+// One pass reading the tensor: the largest magnitude key, one atomic per warp.
+__global__ void ReadFloor(const uint32_t* grad, int64_t size, unsigned int* out) {
+  uint32_t largest = 0;
+  cuda::ForEachElement(grad, size, [&](int64_t, uint32_t bits) { largest = max(largest, bits & 0x7FFFFFFFu); });
+  for (int offset = 16; offset > 0; offset /= 2) largest = max(largest, __shfl_xor_sync(0xFFFFFFFFu, largest, offset));
+  if (threadIdx.x % 32 == 0) atomicMax(out, largest);
+}
+
+// Median time in milliseconds of `runs` launches after 3 warm-up launches.
+template <class Launch>
+double MedianMs(int runs, const Launch& launch) {
+  cudaEvent_t start, stop;
+  HARNESS_CUDA(cudaEventCreate(&start));
+  HARNESS_CUDA(cudaEventCreate(&stop));
+  for (int w = 0; w < 3; ++w) HARNESS_CUDA(launch());
+  std::vector<float> times(runs);
+  for (float& ms : times) {
+    HARNESS_CUDA(cudaEventRecord(start));
+    HARNESS_CUDA(launch());
+    HARNESS_CUDA(cudaEventRecord(stop));
+    HARNESS_CUDA(cudaEventSynchronize(stop));
+    HARNESS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[runs / 2];
+}
+
+void Result(const char* op, int64_t d, double ms) {
+  std::printf("RESULT\t%s\t%lld\t%.4f\n", op, static_cast<long long>(d), ms);
+  std::fflush(stdout);
+}
+
+template <class Launch>
+void Time(const char* op, int64_t d, int runs, const Launch& launch) {
+  Result(op, d, MedianMs(runs, launch));
+}
+
+// As Time, for a launcher that takes scratch: the scratch is allocated once, outside the timing.
+template <class Launch>
+void TimeWithScratch(const char* op, int64_t d, int runs, const Launch& launch) {
+  size_t bytes;
+  DeviceArray<char> scratch = ScratchFor(launch, &bytes);
+  Time(op, d, runs, [&]() { return launch(scratch.get(), &bytes); });
+}
+
+void RunBench(int min_log2, int max_log2, int runs, float ratio) {
+  using Format = Float32Format;
+  int device = 0, driver = 0, runtime = 0;
+  cudaDeviceProp prop;
+  HARNESS_CUDA(cudaGetDevice(&device));
+  HARNESS_CUDA(cudaGetDeviceProperties(&prop, device));
+  HARNESS_CUDA(cudaDriverGetVersion(&driver));
+  HARNESS_CUDA(cudaRuntimeGetVersion(&runtime));
+  std::printf("GPU\t%s\nCUDA_DRIVER_API\t%d\nCUDA_RUNTIME\t%d\nRUNS\t%d\nRATIO\t%g\n", prop.name, driver, runtime, runs,
+              ratio);
+  cudaStream_t stream = 0;
+  for (int log2 = min_log2; log2 <= max_log2; ++log2) {
+    const int64_t d = int64_t{1} << log2;
+    const int64_t budget = std::max<int64_t>(1, std::llround(ratio * d));
+    const DeviceArray<uint32_t> grad(MakeGradient<Format>(d, 1000 + log2));
+    const DeviceArray<int64_t> seed(std::vector<int64_t>{42});
+    DeviceArray<float> threshold(1);
+    DeviceArray<unsigned int> largest(1);
+    DeviceArray<uint32_t> values(budget);
+    DeviceArray<int32_t> indices(budget);
+
+    Time("read_floor", d, runs, [&]() {
+      ReadFloor<<<cuda::PassBlocks<uint32_t>(d), cuda::kThreads, 0, stream>>>(grad.get(), d, largest.get());
+      return cudaGetLastError();
+    });
+    TimeWithScratch("estimate_threshold", d, runs, [&](void* scratch, size_t* bytes) {
+      return cuda::EstimateThreshold<Format>(grad.get(), d, std::min<int64_t>(65536, d),
+                                             SampleRank(ratio, std::min<int64_t>(65536, d)), seed.get(),
+                                             threshold.get(), scratch, bytes, stream);
+    });
+    TimeWithScratch("dragonn_compress", d, runs, [&](void* scratch, size_t* bytes) {
+      return cuda::DragonnCompress<Format>(grad.get(), d, threshold.get(), seed.get(), budget, values.get(),
+                                           indices.get(), scratch, bytes, stream);
+    });
+    TimeWithScratch("dgc_compress", d, runs, [&](void* scratch, size_t* bytes) {
+      return cuda::DgcCompress<Format>(grad.get(), d, threshold.get(), budget, values.get(), indices.get(), scratch,
+                                       bytes, stream);
+    });
+    TimeWithScratch("topk_compress", d, runs, [&](void* scratch, size_t* bytes) {
+      return cuda::TopkCompress<Format>(grad.get(), d, budget, values.get(), indices.get(), scratch, bytes, stream);
+    });
+    DeviceArray<uint32_t> dense(d);
+    DeviceArray<int64_t> first_bad(1);
+    for (int payloads : {1, 4, 16, 64}) {
+      std::vector<uint32_t> pair_values;
+      std::vector<int32_t> pair_indices;
+      MakePairs<Format>(payloads, budget, d, 7 + payloads, &pair_values, &pair_indices);
+      const DeviceArray<uint32_t> d_values(pair_values);
+      const DeviceArray<int32_t> d_indices(pair_indices);
+      const std::string op = "decode_K" + std::to_string(payloads);
+      Time(op.c_str(), d, runs, [&]() {
+        return cuda::SparseBatchedDecode<Format>(d_values.get(), d_indices.get(), payloads * budget, d, dense.get(),
+                                                 first_bad.get(), stream);
+      });
+    }
+  }
+}
+
+int ArgInt(int argc, char** argv, const char* name, int fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
+  }
+  return fallback;
+}
+
+}  // namespace
+}  // namespace harness
+}  // namespace tfcomp
+
+int main(int argc, char** argv) {
+  using namespace tfcomp::harness;
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "--self-check") {
+    const int failed = RunSelfCheck(ArgInt(argc, argv, "--seed", 1)) + CheckLaunchers();
+    std::printf("self-check: %s (%d failed)\n", failed == 0 ? "PASSED" : "FAILED", failed);
+    return failed == 0 ? 0 : 1;
+  }
+  if (mode == "--check") {
+    const int failed = RunCheck(ArgInt(argc, argv, "--max-log2", 27));
+    std::printf("GPU check: %s (%d failed)\n", failed == 0 ? "PASSED" : "FAILED", failed);
+    return failed == 0 ? 0 : 1;
+  }
+  if (mode == "--bench") {
+    float ratio = 0.001f;
+    for (int i = 1; i + 1 < argc; ++i) {
+      if (std::strcmp(argv[i], "--ratio") == 0) ratio = std::strtof(argv[i + 1], nullptr);
+    }
+    RunBench(ArgInt(argc, argv, "--min-log2", 20), ArgInt(argc, argv, "--max-log2", 27),
+             std::max(1, ArgInt(argc, argv, "--runs", 21)), ratio);
+    return 0;
+  }
+  std::fprintf(stderr,
+               "usage: %s --self-check | --check [--max-log2 N] | --bench [--min-log2 N] [--max-log2 N] "
+               "[--runs N] [--ratio R]\n",
+               argv[0]);
+  return 2;
+}

@@ -1,0 +1,73 @@
+// CUDA implementations of the tfcomp ops, framework-free: raw device pointers and a cudaStream_t.
+//
+// Used by the TensorFlow GPU kernels (ops/cc/cuda/gpu_op_kernels.cc) and by the standalone harness
+// (benchmarks/gpu/), which is built from the same sources with nvcc and no TensorFlow.
+//
+// Conventions, for every function below:
+//   * Format is Float32Format, Float16Format or BFloat16Format (ops/cc/lib/magnitude.h); tensors of
+//     float32, float16 and bfloat16 are passed as their raw bits (Format::Bits: uint32_t or uint16_t).
+//   * All pointers are device pointers. Scalars that other ops produce (threshold, seed) stay on the
+//     device, so an encode never waits for the host: outputs have sizes fixed by attributes.
+//   * Scratch is CUB-style: with scratch == nullptr the function only stores the bytes it needs in
+//     *scratch_bytes and launches nothing; call it again with a device buffer of that size.
+//   * Work is enqueued on `stream`; nothing synchronises. The return value is the first CUDA error
+//     met (cudaErrorInvalidValue for arguments out of range), cudaSuccess otherwise.
+//   * Gradients hold < 2^31 elements (indices are int32), and so do the sample and the outputs.
+//   * Results are those of the CPU kernels (ops/cc/kernels/) for the same inputs and seed, except the
+//     order of additions in the decode.
+#ifndef TFCOMP_OPS_CC_CUDA_TFCOMP_CUDA_H_
+#define TFCOMP_OPS_CC_CUDA_TFCOMP_CUDA_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cc/lib/magnitude.h"
+
+namespace tfcomp {
+namespace cuda {
+
+// estimate_threshold: *threshold (float32, device) = the k-th largest finite |g| of the n samples
+// at SamplePosition(i, n, size, *seed) (every element when n == size), Format::kMaxFiniteKey's value
+// when no sample is finite. grad: [size], 1 <= n <= size, 1 <= k (k > n acts as k = n).
+template <class Format>
+cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, int64_t n, int64_t k,
+                              const int64_t* seed, float* threshold, void* scratch, size_t* scratch_bytes,
+                              cudaStream_t stream);
+
+// dragonn_compress: every element with |g| >= *threshold (NaN and Inf always) competes for slot
+// SlotHash::FromSeed(*seed, num_slots)(index) with an atomicMax of its SlotWord; then the slots are
+// unpacked. grad: [size]; values: [num_slots] Format::Bits; indices: [num_slots] int32 (-1: empty).
+template <class Format>
+cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
+                            const int64_t* seed, int64_t num_slots, typename Format::Bits* values, int32_t* indices,
+                            void* scratch, size_t* scratch_bytes, cudaStream_t stream);
+
+// dgc_compress: the first max_out elements with |g| >= *threshold in index order, padded with
+// index -1 and value 0: a mask and count per tile, a prefix sum over tiles (CUB), and a compaction
+// that re-reads each tile and scans it within the block. values, indices: [max_out].
+template <class Format>
+cudaError_t DgcCompress(const typename Format::Bits* grad, int64_t size, const float* threshold, int64_t max_out,
+                        typename Format::Bits* values, int32_t* indices, void* scratch, size_t* scratch_bytes,
+                        cudaStream_t stream);
+
+// topk_compress: the k elements of largest RankWord (magnitude, then larger index), in increasing
+// index order: a CUB radix sort of the rank words, then a sort of the k winning indices.
+// 1 <= k <= size; values, indices: [k].
+template <class Format>
+cudaError_t TopkCompress(const typename Format::Bits* grad, int64_t size, int64_t k, typename Format::Bits* values,
+                         int32_t* indices, void* scratch, size_t* scratch_bytes, cudaStream_t stream);
+
+// sparse_batched_decode: dense[size] = the sum of the n pairs (values[p], indices[p]), for example
+// K workers' payloads concatenated, in one launch (atomicAdd scatter). Index -1 is skipped. An index
+// < -1 or >= size is not added; the smallest such pair position is left in *first_bad (device), which
+// holds a value >= n when every index is valid. Needs no scratch.
+template <class Format>
+cudaError_t SparseBatchedDecode(const typename Format::Bits* values, const int32_t* indices, int64_t n, int64_t size,
+                                typename Format::Bits* dense, int64_t* first_bad, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace tfcomp
+
+#endif  // TFCOMP_OPS_CC_CUDA_TFCOMP_CUDA_H_

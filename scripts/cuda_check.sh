@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `make cuda-check` (and CI): where nvcc is present, compile the CUDA build of the op library and the
+# GPU harness, and run every check that needs no GPU; where it is not, say so and succeed (the CPU-only
+# build needs no CUDA). Any compile error fails. Takes about 3 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+nvcc=${TFCOMP_NVCC:-nvcc}
+if ! command -v "$nvcc" >/dev/null 2>&1; then
+  echo "cuda-check: skipped, no nvcc on PATH (set TFCOMP_NVCC to use one elsewhere)"
+  exit 0
+fi
+"$nvcc" --version | tail -1
+
+# 1. The op library with its DEVICE_GPU kernels (outputs under bazel-cuda-bin/, see .bazelrc).
+scripts/bazel.sh build --config=cuda //ops:_tfcomp_ops.so
+lib=bazel-cuda-bin/ops/_tfcomp_ops.so
+
+# 2. It links the CUDA runtime statically, so it loads into tensorflow-cpu too: its GPU kernels must
+#    be registered (5 ops x 3 dtypes), and the op tests must pass with it (on its CPU kernels).
+TF_CPP_MIN_LOG_LEVEL=2 python3 - "$lib" <<'PY'
+import sys
+import tensorflow as tf
+from tensorflow.python.framework import kernels
+tf.load_op_library(sys.argv[1])
+ops = ["EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode"]
+count = {op: sum(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op("Tfcomp>" + op).kernel) for op in ops}
+print("cuda-check: DEVICE_GPU kernels registered per op:", count)
+sys.exit(0 if all(n == 3 for n in count.values()) else 1)
+PY
+TFCOMP_OPS_LIBRARY=$PWD/$lib python3 -m pytest -q -p no:cacheprovider tests/test_op_library.py \
+  tests/test_estimate_threshold.py tests/test_dragonn_compress.py tests/test_dgc_compress.py \
+  tests/test_topk_compress.py tests/test_sparse_batched_decode.py
+
+# 3. The standalone harness (nvcc, same kernel sources, no TensorFlow) and its host-only self-check.
+benchmarks/gpu/build.sh build/gpu_harness
+build/gpu_harness/gpu_harness --self-check
