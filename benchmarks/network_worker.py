@@ -10,7 +10,8 @@ on a fixed batch of 32 per worker:
   many_small   40 Dense 128 -> 128 (tanh) layers and a Dense 128 -> 10: 0.66 M parameters in 82 tensors
 
 and these configurations, interleaved round by round (every round runs each configuration for
---steps steps; the result is the median over --rounds rounds of the time per step):
+--steps steps; after one untimed round, the result is the median over --rounds rounds of the time
+per step):
 
   compute        the same step without any exchange (plain SGD): the compute time T_comp
   horovod_dense  hvd.DistributedOptimizer(SGD, compression=hvd.Compression.none): plain Horovod
@@ -115,7 +116,7 @@ def barrier():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--models", default="giant,many_small")
     args = parser.parse_args()
@@ -131,6 +132,9 @@ def main():
             trainer.run(5)  # trace, calibrate and plan, warm up
             trainers[model_name, config] = trainer
     samples = {key: [] for key in trainers}
+    for trainer in trainers.values():  # one untimed round: every configuration warm, in round order
+        barrier()
+        trainer.run(args.steps)
     for _ in range(args.rounds):
         for key, trainer in trainers.items():
             barrier()

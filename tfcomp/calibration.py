@@ -3,15 +3,16 @@
 `calibrate(compressor, process_set, max_elements)` returns a `tfcomp.cost_model.ClusterModel`:
 
   * the allreduce and allgather networks: latency from a tiny collective (one float32), bandwidth
-    from a large one (the size of the gradients, 1 to 64 MiB; an eighth of that for the allgather),
+    from a large one (the size of the gradients, 1 to 16 MiB; an eighth of that for the allgather),
     each the median of a few timed runs after a warm-up, fitted to the ring formulas of
     `tfcomp.cost_model`;
   * what each tensor adds to a grouped collective (Horovod's per-tensor bookkeeping), from a
     grouped allreduce of 32 one-element tensors against one;
-  * the compressor's encode+decode time as `c0 + c1 * elements`, fitted to the median times of one
-    compressed bucket's step in the exchange itself (accumulate with the residual, encode, local
-    decode, new residual, decode of all K workers' payloads), run with `LocalCollectives` that
-    communicate nothing, at sizes from 2^12 up to the largest bucket (at most 2^23).
+  * the compressor's encode+decode time as `c0 + c1 * elements` (plus per-tensor and per-merged-
+    element costs), fitted to the median times of compressed buckets in the exchange itself
+    (accumulate with the residual, encode, local decode, new residual, the real collective,
+    decode of all K workers' payloads) less the collective's modelled time, at sizes from 2^12 up
+    to the largest bucket (at most 2^23).
 
 Every rank measures (so that the figures include the contention of all workers computing at once),
 and rank 0's figures are broadcast, so every rank plans from the same numbers. Rank 0 caches them
@@ -41,7 +42,7 @@ __all__ = ["CACHE_ENV", "cache_key", "calibrate", "measure_compression"]
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
 _LARGE_MIN_ELEMENTS = 2**18  # 1 MiB of float32
-_LARGE_MAX_ELEMENTS = 2**24  # 64 MiB
+_LARGE_MAX_ELEMENTS = 2**22  # 16 MiB
 _BOOKKEEPING_TENSORS = 32
 _ENCODE_SIZES = (2**12, 2**15, 2**18, 2**21, 2**23)
 _UNREACHABLE = Network(0.0, 1e15)  # one worker sends nothing; any network prices that at 0
@@ -73,15 +74,6 @@ def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, 
     return Network(latency, 1.0 / per_byte)
 
 
-def _timed(run, process_set) -> float:
-    """Median seconds of `run` after one warm-up: 3 timed runs, or 1 when a run takes over 0.2 s
-    (rank 0 decides, so that every rank runs the collective as often)."""
-    start = time.perf_counter()
-    run()
-    repeats = 1 if _rank0_value(time.perf_counter() - start, process_set) > 0.2 else 3
-    return _median_seconds(run, repeats=repeats, warmup=0)
-
-
 def _measure_networks(process_set, elements: int) -> tuple:
     """(allreduce Network, allgather Network, seconds per tensor) for this process set: latency
     from one float32, bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 64 MiB)
@@ -105,51 +97,66 @@ def _measure_networks(process_set, elements: int) -> tuple:
     per_tensor = max(many_ar - tiny_ar, 0.0) / (_BOOKKEEPING_TENSORS - 1)
     ar_elements = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
     ag_elements = min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
-    large_ar = _timed(allreduce(tf.random.stateless_normal([ar_elements], seed=[7, 1])), process_set)
-    large_ag = _timed(allgather(tf.random.stateless_normal([ag_elements], seed=[7, 2])), process_set)
+    large_ar = _median_seconds(allreduce(tf.random.stateless_normal([ar_elements], seed=[7, 1])), repeats=3)
+    large_ag = _median_seconds(allgather(tf.random.stateless_normal([ag_elements], seed=[7, 2])), repeats=3)
     # ring allreduce: 2 (K-1) hops of S/K bytes; ring allgather: K-1 hops of S bytes.
     return (_fit_network(tiny_ar, large_ar, 4.0 * ar_elements, 2 * (k - 1), 1.0 / k),
             _fit_network(tiny_ag, large_ag, 4.0 * ag_elements, k - 1, 1.0), per_tensor)
 
 
-def _exchange_seconds(compressor, num_workers: int, buckets) -> float:
+def _exchange_seconds(compressor, network: ClusterModel, collectives, buckets) -> float:
     """Median seconds of one exchange call whose plan is `buckets` (lists of tensor sizes), each
-    compressed with the compressor's own collective, replaced by `LocalCollectives`."""
-    from tfcomp.exchange import GradientExchange, LocalCollectives
-    from tfcomp.planning import Bucket, Plan
+    compressed with the compressor's own collective, less the communication the cost model gives
+    that collective on `network` (nothing with `LocalCollectives`, which send nothing)."""
+    from tfcomp.exchange import GradientExchange
+    from tfcomp.planning import Bucket, Plan, predicted_exchange_time
 
     strategy = "allreduce" if compressor.collective == "allreduce" else "allgather"
     sizes = [n for bucket in buckets for n in bucket]
     positions = iter(range(len(sizes)))
     plan = Plan(tuple(Bucket(tuple(next(positions) for _ in bucket), sum(bucket), strategy, StrategyTime(0.0, 0.0), 0.0)
                       for bucket in buckets),
-                {i: f"calibration_{i}" for i in range(len(sizes))}, compressor,
-                ClusterModel(num_workers, _UNREACHABLE, _UNREACHABLE, AffineCost(0.0, 0.0)))
-    exchange = GradientExchange(compressor, plan=plan, collectives=LocalCollectives(num_workers))
+                {i: f"calibration_{i}" for i in range(len(sizes))}, compressor, network)
+    exchange = GradientExchange(compressor, plan=plan, collectives=collectives)
     variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
     gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]
-    return _median_seconds(lambda: exchange(gradients, variables), repeats=5, warmup=2)
+    # With a network whose compression costs are 0, the plan's predicted time is its communication.
+    return _median_seconds(lambda: exchange(gradients, variables), repeats=5, warmup=2) - predicted_exchange_time(plan)
 
 
-def measure_compression(compressor, num_workers: int, max_elements: int) -> tuple:
+def measure_compression(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
+                        collectives=None) -> tuple:
     """(AffineCost c0 + c1 * elements, seconds per tensor, seconds per merged element): the work of
-    one compressed bucket in the exchange itself (run with `LocalCollectives`). c1 is the slope of
-    one-bucket calls at sizes up to max_elements (2^23 at most); c0 is what one more bucket in the
-    same call adds beyond its elements (8 small buckets against 1), so the fixed cost of calling the
-    exchange is not counted per bucket; what 8 tensors in one bucket add over 1 tensor of the same
-    size, at the smallest and the largest size, splits into a per-tensor cost (each tensor's
-    residual update, cast, reshape) and a per-element cost of merging (concatenate, split)."""
+    compressed buckets in the exchange itself. With `collectives` (Horovod's, on every rank at
+    once) and the calibrated `network`, a step's real collective runs and the cost model's
+    communication time is subtracted, so the figures include what training sees (both workers
+    computing at once, waiting for the slower one); without, `LocalCollectives(num_workers)`.
+    c1 is the slope of one-bucket calls at sizes up to max_elements (2^23 at most); c0 is what one
+    more bucket in the same call adds beyond its elements (8 small buckets against 1), so the fixed
+    cost of calling the exchange is not counted per bucket; what 8 tensors in one bucket add over 1
+    tensor of the same size, at the smallest and the largest size, splits into a per-tensor cost
+    (each tensor's residual update, cast, reshape) and a per-element cost of merging."""
+    from tfcomp.exchange import LocalCollectives
+
+    if collectives is None:
+        collectives = LocalCollectives(num_workers)
+        network = ClusterModel(num_workers, _UNREACHABLE, _UNREACHABLE, AffineCost(0.0, 0.0))
+    network = ClusterModel(network.workers, network.allreduce, network.allgather, AffineCost(0.0, 0.0),
+                           network.per_tensor)
+
+    def seconds(buckets):
+        return _exchange_seconds(compressor, network, collectives, buckets)
+
     sizes = sorted({s for s in _ENCODE_SIZES if s < max_elements} | {min(max(max_elements, 16), _ENCODE_SIZES[-1])})
     if len(sizes) < 2:
         sizes = [max(sizes[0] // 2, 1), sizes[0]]
-    single = [_exchange_seconds(compressor, num_workers, [[n]]) for n in sizes]
+    single = [seconds([[n]]) for n in sizes]
     slope = AffineCost.fit(sizes, single).c1
     small, large = sizes[0], sizes[-1]
-    eight_buckets = _exchange_seconds(compressor, num_workers, [[small]] * 8)
-    per_bucket = max((eight_buckets - single[0]) / 7 - slope * small, 0.0)
+    per_bucket = max((seconds([[small]] * 8) - single[0]) / 7 - slope * small, 0.0)
     # 8 tensors in one bucket against 1 of the same size: 7 per-tensor costs plus merging n elements.
-    extra_small = _exchange_seconds(compressor, num_workers, [[small // 8] * 8]) - single[0]
-    extra_large = _exchange_seconds(compressor, num_workers, [[large // 8] * 8]) - single[-1]
+    extra_small = seconds([[small // 8] * 8]) - single[0]
+    extra_large = seconds([[large // 8] * 8]) - single[-1]
     merge = max((extra_large - extra_small) / (large - small), 0.0)
     per_tensor = max(extra_small - merge * small, 0.0) / 7
     return AffineCost(per_bucket, slope), per_tensor, merge
@@ -202,10 +209,14 @@ def _write_cache(path, key, model: ClusterModel) -> None:
 
 def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
     """This rank's measurements (every rank runs the same collectives in the same order)."""
+    from tfcomp.exchange import HorovodCollectives
+
     allreduce, allgather, per_tensor = _measure_networks(process_set, max_elements)
-    compression, compression_per_tensor, merge = AffineCost(0.0, 0.0), 0.0, 0.0
-    if available_strategies(compressor) != ("dense",):
-        compression, compression_per_tensor, merge = measure_compression(compressor, process_set.size(), max_elements)
+    network = ClusterModel(process_set.size(), allreduce, allgather, AffineCost(0.0, 0.0), per_tensor)
+    if available_strategies(compressor) == ("dense",):
+        return network
+    compression, compression_per_tensor, merge = measure_compression(
+        compressor, process_set.size(), max_elements, network, HorovodCollectives(process_set))
     return ClusterModel(process_set.size(), allreduce, allgather, compression, per_tensor, compression_per_tensor, merge)
 
 
