@@ -10,7 +10,7 @@ on a fixed batch of 32 per worker:
   many_small   40 Dense 128 -> 128 (tanh) layers and a Dense 128 -> 10: 0.66 M parameters in 82 tensors
 
 and these configurations, interleaved round by round (every round runs each configuration for
---steps steps; after one untimed round, the result is the median over --rounds rounds of the time
+--steps steps, 4x as many for many_small; after one untimed round, the result is the median over --rounds rounds of the time
 per step):
 
   compute        the same step without any exchange (plain SGD): the compute time T_comp
@@ -58,6 +58,7 @@ def many_small_model():
 
 
 MODELS = {"giant": (giant_model, 512, 16384), "many_small": (many_small_model, 128, 10)}
+STEP_FACTOR = {"giant": 1, "many_small": 4}  # many_small steps are short and noisy: time 4x as many
 
 
 def configurations(model_name):
@@ -132,15 +133,16 @@ def main():
             trainer.run(5)  # trace, calibrate and plan, warm up
             trainers[model_name, config] = trainer
     samples = {key: [] for key in trainers}
-    for trainer in trainers.values():  # one untimed round: every configuration warm, in round order
+    steps = {key: args.steps * STEP_FACTOR[key[0]] for key in trainers}
+    for key, trainer in trainers.items():  # one untimed round: every configuration warm, in round order
         barrier()
-        trainer.run(args.steps)
+        trainer.run(steps[key])
     for _ in range(args.rounds):
         for key, trainer in trainers.items():
             barrier()
             start = time.perf_counter()
-            trainer.run(args.steps)
-            samples[key].append((time.perf_counter() - start) / args.steps)
+            trainer.run(steps[key])
+            samples[key].append((time.perf_counter() - start) / steps[key])
     results = []
     for (model_name, config), trainer in trainers.items():
         results.append({"model": model_name, "config": config, "parameters": trainer.parameters(),

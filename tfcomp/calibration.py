@@ -121,7 +121,7 @@ def _exchange_seconds(compressor, network: ClusterModel, collectives, buckets) -
     variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
     gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]
     # With a network whose compression costs are 0, the plan's predicted time is its communication.
-    return _median_seconds(lambda: exchange(gradients, variables), repeats=5, warmup=2) - predicted_exchange_time(plan)
+    return _median_seconds(lambda: exchange(gradients, variables), repeats=7, warmup=2) - predicted_exchange_time(plan)
 
 
 def measure_compression(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
@@ -133,9 +133,10 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     computing at once, waiting for the slower one); without, `LocalCollectives(num_workers)`.
     c1 is the slope of one-bucket calls at sizes up to max_elements (2^23 at most); c0 is what one
     more bucket in the same call adds beyond its elements (8 small buckets against 1), so the fixed
-    cost of calling the exchange is not counted per bucket; what 8 tensors in one bucket add over 1
-    tensor of the same size, at the smallest and the largest size, splits into a per-tensor cost
-    (each tensor's residual update, cast, reshape) and a per-element cost of merging."""
+    cost of calling the exchange is not counted per bucket; the per-tensor cost (each tensor's
+    residual update, cast, reshape) is what 64 tiny tensors in one bucket add over one tensor of
+    their size; the per-element cost of merging (concatenate, split) is what 8 tensors add over one
+    at the largest size, less their per-tensor costs."""
     from tfcomp.exchange import LocalCollectives
 
     if collectives is None:
@@ -154,11 +155,10 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     slope = AffineCost.fit(sizes, single).c1
     small, large = sizes[0], sizes[-1]
     per_bucket = max((seconds([[small]] * 8) - single[0]) / 7 - slope * small, 0.0)
-    # 8 tensors in one bucket against 1 of the same size: 7 per-tensor costs plus merging n elements.
-    extra_small = seconds([[small // 8] * 8]) - single[0]
-    extra_large = seconds([[large // 8] * 8]) - single[-1]
-    merge = max((extra_large - extra_small) / (large - small), 0.0)
-    per_tensor = max(extra_small - merge * small, 0.0) / 7
+    # 64 tensors in one bucket against 1 of the same small size: 63 per-tensor costs (merging
+    # `small` elements is negligible); 8 against 1 at the largest size: 7 of them plus merging.
+    per_tensor = max(seconds([[small // 64] * 64]) - single[0], 0.0) / 63
+    merge = max(seconds([[large // 8] * 8]) - single[-1] - 7 * per_tensor, 0.0) / large
     return AffineCost(per_bucket, slope), per_tensor, merge
 
 
