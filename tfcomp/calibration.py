@@ -6,8 +6,8 @@
     from a large one (the size of the gradients, 1 to 16 MiB; an eighth of that for the allgather),
     each the median of a few timed runs after a warm-up, fitted to the ring formulas of
     `tfcomp.cost_model`;
-  * what each tensor adds to a grouped collective (Horovod's per-tensor bookkeeping), from a
-    grouped allreduce of 32 one-element tensors against one;
+  * what each tensor adds to the exchange's collectives (Horovod's per-tensor negotiation and
+    bookkeeping), from a graph of 32 one-element allreduces against one;
   * the compressor's encode+decode time as `c0 + c1 * elements` (plus per-tensor and per-merged-
     element costs), fitted to the median times of compressed buckets in the exchange itself
     (accumulate with the residual, encode, local decode, new residual, the real collective,
@@ -78,7 +78,7 @@ def _measure_networks(process_set, elements: int) -> tuple:
     """(allreduce Network, allgather Network, seconds per tensor) for this process set: latency
     from one float32, bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 64 MiB)
     for the allreduce and an eighth of that for the allgather, whose payloads are compressed, and
-    what each tensor adds to a grouped allreduce from one of 32 one-element tensors."""
+    what each tensor adds from a graph of 32 one-element allreduces against one."""
     k = process_set.size()
 
     def allreduce(x):
@@ -90,11 +90,15 @@ def _measure_networks(process_set, elements: int) -> tuple:
     tiny = tf.ones([1], tf.float32)
     tiny_ar = _median_seconds(allreduce(tiny), repeats=15, warmup=5)
     tiny_ag = _median_seconds(allgather(tiny), repeats=15, warmup=5)
-    many = [tf.fill([1], float(i)) for i in range(_BOOKKEEPING_TENSORS)]
-    many_ar = _median_seconds(lambda: hvd.grouped_allreduce(many, op=hvd.Sum, process_set=process_set,
-                                                            name="tfcomp_calibration_grouped")[0].numpy(),
-                              repeats=15, warmup=5)
-    per_tensor = max(many_ar - tiny_ar, 0.0) / (_BOOKKEEPING_TENSORS - 1)
+    # Per-tensor cost: one graph with 32 separate allreduces of one float32 against one with one,
+    # the way the exchange and Horovod's optimizer send dense gradients (one allreduce each).
+    def separate_allreduces(count):
+        graph = tf.function(lambda: [hvd.allreduce(tf.fill([1], float(i)), op=hvd.Sum, process_set=process_set,
+                                                   name=f"tfcomp_calibration_tensor_{i}") for i in range(count)])
+        return lambda: graph()[0].numpy()
+
+    per_tensor = max(_median_seconds(separate_allreduces(_BOOKKEEPING_TENSORS), repeats=15, warmup=3)
+                     - _median_seconds(separate_allreduces(1), repeats=15, warmup=3), 0.0) / (_BOOKKEEPING_TENSORS - 1)
     ar_elements = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
     ag_elements = min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
     large_ar = _median_seconds(allreduce(tf.random.stateless_normal([ar_elements], seed=[7, 1])), repeats=3)
@@ -121,7 +125,10 @@ def _exchange_seconds(compressor, network: ClusterModel, collectives, buckets) -
     variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
     gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]
     # With a network whose compression costs are 0, the plan's predicted time is its communication.
-    return _median_seconds(lambda: exchange(gradients, variables), repeats=7, warmup=2) - predicted_exchange_time(plan)
+    # Small calls are short and Horovod's cycle quantises them: more repeats (the count depends on
+    # the sizes only, so every rank runs the collective as often).
+    repeats = 15 if sum(sizes) < 2**20 else 5
+    return _median_seconds(lambda: exchange(gradients, variables), repeats=repeats, warmup=2) - predicted_exchange_time(plan)
 
 
 def measure_compression(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,

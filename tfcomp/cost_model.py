@@ -207,7 +207,7 @@ class ClusterModel:
     allreduce: Network
     allgather: Network
     encode_decode: AffineCost
-    per_tensor: float = 0.0  # seconds each tensor adds to a grouped collective (Horovod's bookkeeping)
+    per_tensor: float = 0.0  # seconds each tensor adds to the collectives (Horovod's negotiation, bookkeeping)
     compression_per_tensor: float = 0.0  # seconds each tensor adds to a compressed bucket's work
     merge_per_element: float = 0.0  # seconds per element to concatenate and split a multi-tensor bucket
 
