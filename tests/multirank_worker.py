@@ -251,6 +251,23 @@ def check_planning(report):
     report["plan/strategies"] = [b.strategy for b in exchange.plan.buckets]
 
     original_measure = tfcomp.calibration._measure
+    measured = []
+
+    def counted(*args, **kwargs):
+        measured.append(1)
+        return original_measure(*args, **kwargs)
+
+    tfcomp.calibration._measure = counted
+    try:  # the second exchange with the same settings reuses rank 0's cached figures
+        first, second = (tfcomp.GradientExchange(tfcomp.DRAGONN(0.04)) for _ in range(2))
+        first(grads, variables)
+        report["plan/measured_after_first"] = len(measured)
+        second(grads, variables)
+        report["plan/measured_after_second"] = len(measured)
+        report["plan/cached_cluster_equal"] = first.plan.cluster == second.plan.cluster
+    finally:
+        tfcomp.calibration._measure = original_measure
+
     original_cache = os.environ.get(tfcomp.calibration.CACHE_ENV)
     os.environ[tfcomp.calibration.CACHE_ENV] = "none"
 

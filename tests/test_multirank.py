@@ -15,6 +15,7 @@ EXACT = 0.0
 # fusion from run to run, can cut the ring differently. All ranks still get the same result (EXACT).
 FLOAT_TOLERANCE = 1e-5
 RUN_TO_RUN_TOLERANCE = 1e-6
+FP16_RUN_TO_RUN_TOLERANCE = 1e-4
 FP16_TOLERANCE = 1e-2  # fp16 sums of N(0, 1) values: an fp16 ulp near 4 is 0.004
 
 
@@ -58,7 +59,10 @@ def test_training_moved_the_weights(reports):
 
 def test_both_entry_points_give_identical_weights(reports):
     differ = values(reports, "entry_points_differ")
-    assert {n: d for n, d in differ.items() if max(d) > RUN_TO_RUN_TOLERANCE} == {}
+    # Dense tensors go one allreduce each, as in Horovod, so with 3 workers Horovod's fusion (and the
+    # summation order) can differ between runs; in fp16 that shows at the fp16 rounding level.
+    tolerance = {n: FP16_RUN_TO_RUN_TOLERANCE if n == "FP16" else RUN_TO_RUN_TOLERANCE for n in differ}
+    assert {n: d for n, d in differ.items() if max(d) > tolerance[n]} == {}
     if reports[0]["size"] == 2:  # a sum of two is the same in any order: bit-identical
         assert {n: d for n, d in differ.items() if max(d) != EXACT} == {}
 
@@ -117,6 +121,11 @@ def test_plan_is_the_same_on_every_rank(reports):
     workers, _, ar_bandwidth, _, ag_bandwidth, _, c1, _, _, _ = reports[0]["plan/cluster"]
     assert workers == len(reports) and min(ar_bandwidth, ag_bandwidth) > 1e6 and c1 > 0
     assert set(reports[0]["plan/strategies"]) <= {"dense", "allgather", "artopk"}
+
+
+def test_calibration_is_cached_and_reused(reports):
+    assert all(r["plan/measured_after_first"] == 1 and r["plan/measured_after_second"] == 1 for r in reports)
+    assert all(r["plan/cached_cluster_equal"] for r in reports)
 
 
 def test_perturbed_calibration_on_one_rank_still_gives_one_plan(reports):

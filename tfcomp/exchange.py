@@ -26,6 +26,7 @@ the residuals, derives the per-step seeds, equal on all ranks.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -194,6 +195,7 @@ class GradientExchange(tf.Module):
         self.plan = plan
         self._plans = {}
         self._cluster = None
+        self.calibration_seconds = 0.0  # how long the first step's calibration took (0: cached or none)
         self._graph_fn = _UntrackedFunction(tf.function(self._exchange, autograph=False))
 
     def __call__(self, grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's signature)
@@ -250,13 +252,15 @@ class GradientExchange(tf.Module):
                 plan = planning.per_tensor_plan(tensors, self.compressor, _unpriced_cluster(self.process_set.size()))
             else:
                 if self._cluster is None:
+                    start = time.perf_counter()
                     self._cluster = calibration.calibrate(self.compressor, self.process_set,
                                                           max_elements=sum(n for _, _, n in tensors))
+                    self.calibration_seconds = time.perf_counter() - start
                 plan = planning.make_plan(tensors, self.compressor, self._cluster)
             if self.process_set.size() > 1:
                 planning.check_same_plan(plan, self.process_set)
         if self.process_set.rank() == 0 and self.process_set.size() > 1 and self.compressor.planning == "auto" and tensors:
-            print(plan.table(), flush=True)
+            print(f"tfcomp: calibrated in {self.calibration_seconds:.1f} s\n{plan.table()}", flush=True)
         self._plans[signature] = self.plan = plan
         return plan
 
