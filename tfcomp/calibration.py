@@ -44,7 +44,7 @@ _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
 _LARGE_MIN_ELEMENTS = 2**18  # 1 MiB of float32
 _LARGE_MAX_ELEMENTS = 2**22  # 16 MiB
 _BOOKKEEPING_TENSORS = 32
-_ENCODE_SIZES = (2**12, 2**15, 2**18, 2**21, 2**23)
+_ENCODE_SIZES = (2**12, 2**17, 2**20, 2**23)
 _UNREACHABLE = Network(0.0, 1e15)  # one worker sends nothing; any network prices that at 0
 
 
