@@ -7,10 +7,13 @@
     # or: opt = tfcomp.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(ratio=0.001))
 
 Importing tfcomp teaches stock Horovod to run tfcomp's exchange for tfcomp compressors (see
-`tfcomp.horovod_glue`). The op library (`tfcomp.ops`) is loaded lazily, on the first op call.
+`tfcomp.horovod_glue`). The op library (`tfcomp.ops`) is loaded lazily, on the first op call. On the
+first step the exchange calibrates the cluster (`tfcomp.calibration`) and plans buckets and
+strategies on the cost model (`tfcomp.planning`, `tfcomp.cost_model`); `python -m tfcomp.whatif`
+asks the same model about other clusters.
 """
 
-from tfcomp import cost_model, ops
+from tfcomp import calibration, cost_model, ops, planning
 from tfcomp.compressors import DGC, DRAGONN, FP16, QSGD, Compressor, EFSignSGD, NoCompression, RandomK, TopK
 from tfcomp.exchange import GradientExchange
 from tfcomp.horovod_glue import install as _install_horovod_glue
@@ -32,6 +35,8 @@ __all__ = [
     "RandomK",
     "TopK",
     "__version__",
+    "calibration",
     "cost_model",
     "ops",
+    "planning",
 ]
