@@ -118,8 +118,9 @@ if __name__ == "__main__":
 def test_plan_is_the_same_on_every_rank(reports):
     assert len({r["plan/digest"] for r in reports}) == 1
     assert all(r["plan/cluster"] == reports[0]["plan/cluster"] for r in reports)
-    workers, _, ar_bandwidth, _, ag_bandwidth, _, c1, _, _, _ = reports[0]["plan/cluster"]
-    assert workers == len(reports) and min(ar_bandwidth, ag_bandwidth) > 1e6 and c1 > 0
+    workers, _, ar_bandwidth, _, ag_bandwidth, c0, c1, _, _, _ = reports[0]["plan/cluster"]
+    assert workers == len(reports) and min(ar_bandwidth, ag_bandwidth) > 1e6
+    assert c0 >= 0 and c1 >= 0 and c0 + c1 * 2**20 > 0  # compressing a million elements costs something
     assert set(reports[0]["plan/strategies"]) <= {"dense", "allgather", "artopk"}
 
 

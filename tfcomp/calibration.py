@@ -44,7 +44,9 @@ _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
 _LARGE_MIN_ELEMENTS = 2**18  # 1 MiB of float32
 _LARGE_MAX_ELEMENTS = 2**22  # 16 MiB
 _BOOKKEEPING_TENSORS = 32
+_LARGE_PARTS = 4
 _ENCODE_SIZES = (2**12, 2**17, 2**20, 2**23)
+_MIN_LARGEST_PROBE = 2**20
 _UNREACHABLE = Network(0.0, 1e15)  # one worker sends nothing; any network prices that at 0
 
 
@@ -76,8 +78,9 @@ def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, 
 
 def _measure_networks(process_set, elements: int) -> tuple:
     """(allreduce Network, allgather Network, seconds per tensor) for this process set: latency
-    from one float32, bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 64 MiB)
-    for the allreduce and an eighth of that for the allgather, whose payloads are compressed, and
+    from one float32, bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 16 MiB,
+    as 4 tensors that Horovod fuses) for the allreduce and an eighth of that for the allgather,
+    whose payloads are compressed, and
     what each tensor adds from a graph of 32 one-element allreduces against one."""
     k = process_set.size()
 
@@ -101,7 +104,13 @@ def _measure_networks(process_set, elements: int) -> tuple:
                      - _median_seconds(separate_allreduces(1), repeats=15, warmup=3), 0.0) / (_BOOKKEEPING_TENSORS - 1)
     ar_elements = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
     ag_elements = min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
-    large_ar = _median_seconds(allreduce(tf.random.stateless_normal([ar_elements], seed=[7, 1])), repeats=3)
+    # The large allreduce as training sends gradients: separate tensors that Horovod fuses, so the
+    # copies into and out of its fusion buffer are part of the measured bandwidth.
+    parts = [tf.random.stateless_normal([ar_elements // _LARGE_PARTS], seed=[7, i]) for i in range(_LARGE_PARTS)]
+    fused = tf.function(lambda: [hvd.allreduce(p * 1.0, op=hvd.Sum, process_set=process_set,
+                                               name=f"tfcomp_calibration_large_{i}") for i, p in enumerate(parts)])
+    large_ar = _median_seconds(lambda: fused()[0].numpy(), repeats=3)
+    ar_elements = _LARGE_PARTS * (ar_elements // _LARGE_PARTS)
     large_ag = _median_seconds(allgather(tf.random.stateless_normal([ag_elements], seed=[7, 2])), repeats=3)
     # ring allreduce: 2 (K-1) hops of S/K bytes; ring allgather: K-1 hops of S bytes.
     return (_fit_network(tiny_ar, large_ar, 4.0 * ar_elements, 2 * (k - 1), 1.0 / k),
@@ -138,12 +147,12 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     once) and the calibrated `network`, a step's real collective runs and the cost model's
     communication time is subtracted, so the figures include what training sees (both workers
     computing at once, waiting for the slower one); without, `LocalCollectives(num_workers)`.
-    c1 is the slope of one-bucket calls at sizes up to max_elements (2^23 at most); c0 is what one
-    more bucket in the same call adds beyond its elements (8 small buckets against 1), so the fixed
-    cost of calling the exchange is not counted per bucket; the per-tensor cost (each tensor's
-    residual update, cast, reshape) is what 64 tiny tensors in one bucket add over one tensor of
-    their size; the per-element cost of merging (concatenate, split) is what 8 tensors add over one
-    at the largest size, less their per-tensor costs."""
+    c1 is the slope of one-bucket calls at sizes up to max_elements (at least 2^20, at most 2^23);
+    c0 is what one more bucket in the same call adds beyond its elements (8 small buckets against
+    1), so the fixed cost of calling the exchange is not counted per bucket; the per-tensor cost
+    (each tensor's residual update, cast, reshape) is what 64 tiny tensors in one bucket add over
+    one tensor of their size; the per-element cost of merging (concatenate, split) is what 8 tensors
+    add over one at the largest size, less their per-tensor costs."""
     from tfcomp.exchange import LocalCollectives
 
     if collectives is None:
@@ -155,9 +164,9 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     def seconds(buckets):
         return _exchange_seconds(compressor, network, collectives, buckets)
 
-    sizes = sorted({s for s in _ENCODE_SIZES if s < max_elements} | {min(max(max_elements, 16), _ENCODE_SIZES[-1])})
-    if len(sizes) < 2:
-        sizes = [max(sizes[0] // 2, 1), sizes[0]]
+    # Up to the gradients' size, but at least 2^20 elements, so that the slope stands out of the noise.
+    largest = min(max(max_elements, _MIN_LARGEST_PROBE), _ENCODE_SIZES[-1])
+    sizes = sorted({s for s in _ENCODE_SIZES if s < largest} | {largest})
     single = [seconds([[n]]) for n in sizes]
     slope = AffineCost.fit(sizes, single).c1
     small, large = sizes[0], sizes[-1]
