@@ -35,6 +35,8 @@ flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"]
                   "Loopback rates for tc tbf (e.g. 1gbit), or 'unshaped'.")
 flags.DEFINE_integer("rounds", 7, "Interleaved rounds per setting (the median is reported).")
 flags.DEFINE_integer("steps", 3, "Training steps per configuration per round.")
+flags.DEFINE_list("models", ["giant", "many_small"], "Models to train (see benchmarks/network_worker.py).")
+flags.DEFINE_list("configs", None, "Only these configurations (default: all; 'compute' is needed for predictions).")
 flags.DEFINE_string("markdown_out", None, "Write the tables to this markdown file.")
 flags.DEFINE_string("json_out", None, "Write every setting's raw results to this JSON file.")
 
@@ -61,7 +63,9 @@ def run_setting(setting: str) -> dict:
                        PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
             command = ["ip", "netns", "exec", NAMESPACE, "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
                        sys.executable, "-m", "benchmarks.network_worker", "--out", out,
-                       f"--rounds={FLAGS.rounds}", f"--steps={FLAGS.steps}"]
+                       f"--rounds={FLAGS.rounds}", f"--steps={FLAGS.steps}", f"--models={','.join(FLAGS.models)}"]
+            if FLAGS.configs:
+                command.append(f"--configs={','.join(FLAGS.configs)}")
             result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
             if result.returncode != 0:
                 raise RuntimeError(f"{setting}: horovodrun failed\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -72,7 +76,7 @@ def run_setting(setting: str) -> dict:
 
 
 def _row(results, model, config):
-    return next(r for r in results if r["model"] == model and r["config"] == config)
+    return next((r for r in results if r["model"] == model and r["config"] == config), None)
 
 
 def summarise(by_setting: dict) -> tuple:
@@ -96,16 +100,14 @@ def summarise(by_setting: dict) -> tuple:
     if errors:
         checks["prediction_error_median"] = statistics.median(errors)
         checks["prediction_error_max"] = max(errors)
-    if "unshaped" in by_setting:
-        results = by_setting["unshaped"]["results"]
-        checks["unshaped_many_small_plan_over_horovod"] = (
-            _row(results, "many_small", "plan")["measured_s"] / _row(results, "many_small", "horovod_dense")["measured_s"])
-    if "1gbit" in by_setting:
-        results = by_setting["1gbit"]["results"]
-        checks["1gbit_giant_horovod_over_plan"] = (
-            _row(results, "giant", "horovod_dense")["measured_s"] / _row(results, "giant", "plan")["measured_s"])
-        checks["1gbit_many_small_per_tensor_over_plan"] = (
-            _row(results, "many_small", "per_tensor")["measured_s"] / _row(results, "many_small", "plan")["measured_s"])
+    ratios = {"unshaped_many_small_plan_over_horovod": ("unshaped", "many_small", "plan", "horovod_dense"),
+              "1gbit_giant_horovod_over_plan": ("1gbit", "giant", "horovod_dense", "plan"),
+              "1gbit_many_small_per_tensor_over_plan": ("1gbit", "many_small", "per_tensor", "plan")}
+    for name, (network, model, numerator, denominator) in ratios.items():
+        results = by_setting.get(network, {}).get("results", [])
+        top, bottom = _row(results, model, numerator), _row(results, model, denominator)
+        if top and bottom:
+            checks[name] = top["measured_s"] / bottom["measured_s"]
     text = "\n".join(lines)
     text += "\n\n| check | measured |\n|---|---|\n" + "\n".join(
         f"| {name} | {value:.3f} |" if "error" not in name else f"| {name} | {100 * value:.1f}% |"
@@ -125,7 +127,8 @@ def main(argv):
     header = (f"Network validation, {datetime.date.today()}, {platform.node()} ({os.cpu_count()} vCPUs), "
               f"2 workers, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps, medians. Command: "
               f"`python -m benchmarks.network_validation --settings={','.join(FLAGS.settings)} "
-              f"--rounds={FLAGS.rounds} --steps={FLAGS.steps}`\n\n")
+              f"--models={','.join(FLAGS.models)} --rounds={FLAGS.rounds} --steps={FLAGS.steps}"
+              f"{' --configs=' + ','.join(FLAGS.configs) if FLAGS.configs else ''}`\n\n")
     print(header + text)
     if FLAGS.markdown_out:
         with open(FLAGS.markdown_out, "w") as f:

@@ -120,6 +120,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--models", default="giant,many_small")
+    parser.add_argument("--configs", default=None, help="comma-separated subset of the configurations")
     args = parser.parse_args()
     # Two workers share two cores: one thread each for ops, two for independent ops (Horovod's
     # collectives are asynchronous and wait in the inter-op pool).
@@ -129,6 +130,8 @@ def main():
     trainers = {}
     for model_name in args.models.split(","):
         for config, wrap in configurations(model_name).items():
+            if args.configs and config not in args.configs.split(","):
+                continue
             trainer = Trainer(model_name, wrap)
             trainer.run(5)  # trace, calibrate and plan, warm up
             trainers[model_name, config] = trainer
