@@ -41,7 +41,7 @@ def test_local_collectives_give_k_copies_of_what_this_worker_sent(rng, make):
     compressor = make()
     size, workers = 5000, 3
     plan = planning.per_tensor_plan([(0, "v", size)], compressor_with_min_elements_1(compressor),
-                                    cm.ClusterModel(workers, cm.Network(0, 1e15), cm.Network(0, 1e15), cm.AffineCost(0, 0)))
+                                    cm.ClusterModel.unpriced(workers))
     exchange = tfcomp.GradientExchange(compressor, op=hvd.Sum, plan=plan, collectives=LocalCollectives(workers))
     variable = tf.Variable(tf.zeros([size]))
     grad = rng.standard_normal(size).astype(np.float32)

@@ -23,7 +23,7 @@ TensorFlow and tfcomp versions and the compressor's settings; a change of any of
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -47,7 +47,6 @@ _BOOKKEEPING_TENSORS = 32
 _LARGE_PARTS = 4
 _ENCODE_SIZES = (2**12, 2**17, 2**20, 2**23)
 _MIN_LARGEST_PROBE = 2**20
-_UNREACHABLE = Network(0.0, 1e15)  # one worker sends nothing; any network prices that at 0
 
 
 def _median_seconds(run, repeats: int, warmup: int = 1) -> float:
@@ -157,9 +156,9 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
 
     if collectives is None:
         collectives = LocalCollectives(num_workers)
-        network = ClusterModel(num_workers, _UNREACHABLE, _UNREACHABLE, AffineCost(0.0, 0.0))
-    network = ClusterModel(network.workers, network.allreduce, network.allgather, AffineCost(0.0, 0.0),
-                           network.per_tensor)
+        network = ClusterModel.unpriced(num_workers)
+    network = dataclasses.replace(network, encode_decode=AffineCost(0.0, 0.0), compression_per_tensor=0.0,
+                                  merge_per_element=0.0)
 
     def seconds(buckets):
         return _exchange_seconds(compressor, network, collectives, buckets)
@@ -241,7 +240,7 @@ def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int 
     call it at the same point (the exchange does, on its first step)."""
     workers = process_set.size()
     if workers == 1:
-        return ClusterModel(1, _UNREACHABLE, _UNREACHABLE, AffineCost(0.0, 0.0))
+        return ClusterModel.unpriced(1)
     path, key = _cache_path(), cache_key(compressor, process_set)
     cached = _read_cache(path, key) if path and process_set.rank() == 0 else None
     if _rank0_value(0.0 if cached is None else 1.0, process_set) == 0.0:
@@ -249,7 +248,7 @@ def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int 
         if path and process_set.rank() == 0:
             _write_cache(path, key, model)
     else:
-        model = cached if cached is not None else ClusterModel(workers, _UNREACHABLE, _UNREACHABLE, AffineCost(0, 0))
+        model = cached if cached is not None else ClusterModel.unpriced(workers)  # replaced by rank 0's below
     figures = tf.constant(model.to_list(), tf.float64)
     shared = hvd.broadcast(figures, 0, process_set=process_set, name="tfcomp_calibration_figures").numpy()
     return ClusterModel.from_list(np.asarray(shared, dtype=np.float64))

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from tfcomp import calibration, ops, planning
 from tfcomp.compressors import Compressor, FP16
-from tfcomp.cost_model import AffineCost, ClusterModel, Network
+from tfcomp.cost_model import ClusterModel
 from tfcomp.memory import ErrorFeedback
 
 __all__ = ["GradientExchange", "HorovodCollectives", "LocalCollectives", "TensorRecord"]
@@ -134,12 +134,6 @@ class _Payload(NamedTuple):
     wire: tuple
     context: object
     sent: object
-
-
-def _unpriced_cluster(workers: int) -> ClusterModel:
-    """Figures for plans made without calibration (planning="off"): nothing is priced."""
-    free = Network(0.0, 1e15)  # planning._rate shows it as not measured
-    return ClusterModel(workers, free, free, AffineCost(0.0, 0.0))
 
 
 def _concat(flats):
@@ -249,7 +243,7 @@ class GradientExchange(tf.Module):
                    for i in reversed(candidates)]
         with tf.init_scope():
             if self.compressor.planning == "off" or not tensors:
-                plan = planning.per_tensor_plan(tensors, self.compressor, _unpriced_cluster(self.process_set.size()))
+                plan = planning.per_tensor_plan(tensors, self.compressor, ClusterModel.unpriced(self.process_set.size()))
             else:
                 if self._cluster is None:
                     start = time.perf_counter()

@@ -78,7 +78,7 @@ class Plan:
 
 
 def _rate(network: cm.Network) -> str:
-    if network.bandwidth >= 1e15:
+    if network == cm.UNMEASURED:
         return "not measured"
     return f"{network.latency * 1e6:.0f} us + {network.bandwidth * 8 / 1e9:.2f} Gbit/s"
 
