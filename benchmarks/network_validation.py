@@ -14,7 +14,7 @@ workers the per-worker bandwidth that calibration measures is about half the rat
 Needs root (ip netns, tc). Run from the repository root:
 
   python -m benchmarks.network_validation [--settings=unshaped,500mbit,1gbit,2gbit,5gbit]
-      [--rounds=7] [--steps=3] [--markdown_out=benchmarks/results/network_validation.md]
+      [--rounds=9] [--steps=6] [--markdown_out=benchmarks/results/network_validation.md]
 """
 
 import datetime
@@ -33,8 +33,8 @@ __all__ = ["summarise"]
 FLAGS = flags.FLAGS
 flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"],
                   "Loopback rates for tc tbf (e.g. 1gbit), or 'unshaped'.")
-flags.DEFINE_integer("rounds", 7, "Interleaved rounds per setting (the median is reported).")
-flags.DEFINE_integer("steps", 3, "Training steps per configuration per round.")
+flags.DEFINE_integer("rounds", 9, "Interleaved rounds per setting (the median is reported).")
+flags.DEFINE_integer("steps", 6, "Training steps per configuration per round.")
 flags.DEFINE_list("models", ["giant", "many_small"], "Models to train (see benchmarks/network_worker.py).")
 flags.DEFINE_list("configs", None, "Only these configurations (default: all; 'compute' is needed for predictions).")
 flags.DEFINE_string("markdown_out", None, "Write the tables to this markdown file.")

@@ -64,9 +64,14 @@ def compressor_with_min_elements_1(compressor):
 
 
 def test_measured_compression_is_a_positive_affine_fit():
-    fit, per_tensor, merge = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16)
-    assert fit.c1 > 0 and fit.c0 >= 0 and per_tensor >= 0 and merge >= 0
+    figures = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16)
+    fit = figures.encode_decode
+    assert fit.c1 > 0 and fit.c0 >= 0 and figures.per_tensor >= 0 and figures.merge_per_element >= 0
+    assert figures.fixed >= 0
     assert fit(2**16) > fit(2**12)
+    applied = figures.apply(cm.ClusterModel.unpriced(2))
+    assert (applied.encode_decode, applied.compression_per_tensor, applied.merge_per_element,
+            applied.compression_fixed) == tuple(figures)
 
 
 def global_process_set():

@@ -1,5 +1,6 @@
 """The bucket search against brute force, strategy choices at the extremes, plan pricing and digests."""
 
+import dataclasses
 import itertools
 import math
 
@@ -133,5 +134,35 @@ def test_unit_runs_keep_long_tensor_lists_searchable(rng):
 
 
 def test_cluster_model_round_trips_through_a_list(rng):
-    model = cluster(workers=5, gbps=float(rng.uniform(0.1, 100)), c0=float(rng.uniform(0, 1e-3)))
+    model = dataclasses.replace(cluster(workers=5, gbps=float(rng.uniform(0.1, 100)), c0=float(rng.uniform(0, 1e-3))),
+                                per_tensor=float(rng.uniform(0, 1e-4)), compression_per_tensor=float(rng.uniform(0, 1e-4)),
+                                merge_per_element=float(rng.uniform(0, 1e-9)), compression_fixed=float(rng.uniform(0, 1e-3)))
     assert cm.ClusterModel.from_list(np.array(model.to_list())) == model
+
+
+def test_fixed_compression_cost_is_paid_once_per_exchange(rng):
+    fixed = float(rng.uniform(1e-4, 1e-3))
+    free, costly = cluster(gbps=0.5), dataclasses.replace(cluster(gbps=0.5), compression_fixed=fixed)
+    alone = cm.strategy_time("allgather", 2**20, tfcomp.DRAGONN(0.001), costly)
+    in_plan = cm.strategy_time("allgather", 2**20, tfcomp.DRAGONN(0.001), costly, alone=False)
+    assert alone.compression == pytest.approx(in_plan.compression + fixed)
+    assert cm.strategy_time("dense", 2**20, tfcomp.DRAGONN(0.001), costly).compression == 0.0
+    plan = planning.per_tensor_plan(backprop([2**22, 2**22]), tfcomp.DRAGONN(0.001), costly)
+    assert len(plan.compressed) == 2
+    same_with_free = planning.Plan(plan.buckets, plan.names, plan.compressor, free)
+    assert planning.predicted_exchange_time(plan) == pytest.approx(
+        planning.predicted_exchange_time(same_with_free) + fixed)
+
+
+def test_plan_sends_dense_when_the_fixed_cost_outweighs_the_saving():
+    tensors = backprop([2**16, 2**16])  # 512 KiB at 1 Gbit/s: compression saves about 1 ms
+    compressor = tfcomp.DRAGONN(0.001)
+    cheap = planning.make_plan(tensors, compressor, cluster(gbps=1.0, c0=1e-5, c1=1e-10))
+    assert cheap.compressed
+    saving = planning.all_dense_time(cheap) - planning.predicted_exchange_time(cheap)
+    costly = dataclasses.replace(cluster(gbps=1.0, c0=1e-5, c1=1e-10), compression_fixed=2 * saving)
+    plan = planning.make_plan(tensors, compressor, costly)
+    assert not plan.compressed and len(plan.buckets) == 1
+    assert planning.predicted_exchange_time(plan) == pytest.approx(planning.all_dense_time(plan))
+    forced = planning.make_plan(tensors, tfcomp.DRAGONN(0.001, strategy="allgather"), costly)
+    assert forced.compressed  # a forced strategy is kept whatever it costs

@@ -4,15 +4,18 @@
 
   * the allreduce and allgather networks: latency from a tiny collective (one float32), bandwidth
     from a large one (the size of the gradients, 1 to 16 MiB; an eighth of that for the allgather),
-    each the median of a few timed runs after a warm-up, fitted to the ring formulas of
-    `tfcomp.cost_model`;
+    fitted to the ring formulas of `tfcomp.cost_model`;
   * what each tensor adds to the exchange's collectives (Horovod's per-tensor negotiation and
-    bookkeeping), from a graph of 32 one-element allreduces against one;
+    bookkeeping), from a graph of 64 one-element allreduces against one;
   * the compressor's encode+decode time as `c0 + c1 * elements` (plus per-tensor and per-merged-
-    element costs), fitted to the median times of compressed buckets in the exchange itself
-    (accumulate with the residual, encode, local decode, new residual, the real collective,
-    decode of all K workers' payloads) less the collective's modelled time, at sizes from 2^12 up
-    to the largest bucket (at most 2^23).
+    element costs), fitted to the times of compressed buckets in the exchange itself (accumulate
+    with the residual, encode, local decode, new residual, the real collective, decode of all K
+    workers' payloads) less the collective's modelled time, at sizes from 2^12 up to the largest
+    bucket (at most 2^23).
+
+Everything is timed as training runs it: each call one graph, started right after a barrier (in
+training the previous step's collectives synchronise the workers), the probes of a kind
+interleaved round by round and the medians taken.
 
 Every rank measures (so that the figures include the contention of all workers computing at once),
 and rank 0's figures are broadcast, so every rank plans from the same numbers. Rank 0 caches them
@@ -28,8 +31,8 @@ import hashlib
 import json
 import os
 import platform
-import statistics
 import time
+from typing import NamedTuple
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -37,27 +40,50 @@ import tensorflow as tf
 
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 
-__all__ = ["CACHE_ENV", "cache_key", "calibrate", "measure_compression"]
+__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "calibrate", "measure_compression"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
 _LARGE_MIN_ELEMENTS = 2**18  # 1 MiB of float32
 _LARGE_MAX_ELEMENTS = 2**22  # 16 MiB
-_BOOKKEEPING_TENSORS = 32
+_BOOKKEEPING_TENSORS = 64
 _LARGE_PARTS = 4
+_LARGE_ROUNDS_ELEMENTS = 2**23  # the large collectives run about this many elements in all (3 to 15 rounds)
 _ENCODE_SIZES = (2**12, 2**17, 2**20, 2**23)
 _MIN_LARGEST_PROBE = 2**20
 
 
-def _median_seconds(run, repeats: int, warmup: int = 1) -> float:
+def _interleaved_times(runs: dict, rounds: int, barrier=None, warmup: int = 1) -> dict:
+    """{name: float64 [rounds] seconds} of the callables in `runs`, timed round-robin for `rounds`
+    rounds after `warmup` untimed ones, so that a shared machine's drifts touch them alike (and a
+    difference of two runs is best taken round by round). With `barrier` (a collective), every
+    timed call starts right after it: in training, each step's exchange starts with the workers
+    just synchronised by the previous step's collectives, and a timing of back-to-back calls (which
+    pipeline in Horovod's cycle) would miss the wait for the next cycle. Every rank must pass the
+    same runs and rounds (they run collectives)."""
     for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for run in runs.values():
+            run()
+    times = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            if barrier is not None:
+                barrier()
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    return {name: np.asarray(values) for name, values in times.items()}
+
+
+def _graph_call(function):
+    """A callable that runs `function` (returning a list of tensors) as one tf.function and waits for it."""
+    graph = tf.function(function)
+    return lambda: graph()[0].numpy()
+
+
+def _barrier(process_set):
+    zero = tf.zeros([1], tf.float32)
+    return lambda: hvd.allreduce(zero, op=hvd.Sum, process_set=process_set, name="tfcomp_calibration_barrier").numpy()
 
 
 def _rank0_value(value: float, process_set) -> float:
@@ -75,51 +101,58 @@ def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, 
     return Network(latency, 1.0 / per_byte)
 
 
-def _measure_networks(process_set, elements: int) -> tuple:
-    """(allreduce Network, allgather Network, seconds per tensor) for this process set: latency
-    from one float32, bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 16 MiB,
-    as 4 tensors that Horovod fuses) for the allreduce and an eighth of that for the allgather,
-    whose payloads are compressed, and
-    what each tensor adds from a graph of 32 one-element allreduces against one."""
+def _measure_networks(process_set, elements: int) -> ClusterModel:
+    """The figures of the collectives for this process set (no compression figures), timed as
+    training runs them (in a graph, the workers synchronised just before): latency from one float32,
+    bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 16 MiB, as 4 tensors
+    that Horovod fuses) for the allreduce and an eighth of that for the allgather, whose payloads
+    are compressed; and what each tensor adds from 64 one-element allreduces against one."""
     k = process_set.size()
 
-    def allreduce(x):
-        return lambda: hvd.allreduce(x, op=hvd.Sum, process_set=process_set, name="tfcomp_calibration_allreduce").numpy()
+    def allreduces(tensors, name):
+        return _graph_call(lambda: [hvd.allreduce(t * 1.0, op=hvd.Sum, process_set=process_set, name=f"{name}_{i}")
+                                    for i, t in enumerate(tensors)])
 
-    def allgather(x):
-        return lambda: hvd.allgather(x, process_set=process_set, name="tfcomp_calibration_allgather").numpy()
+    def allgather(tensor, name):
+        return _graph_call(lambda: [hvd.allgather(tensor * 1.0, process_set=process_set, name=name)])
 
-    tiny = tf.ones([1], tf.float32)
-    tiny_ar = _median_seconds(allreduce(tiny), repeats=15, warmup=5)
-    tiny_ag = _median_seconds(allgather(tiny), repeats=15, warmup=5)
-    # Per-tensor cost: one graph with 32 separate allreduces of one float32 against one with one,
-    # the way the exchange and Horovod's optimizer send dense gradients (one allreduce each).
-    def separate_allreduces(count):
-        graph = tf.function(lambda: [hvd.allreduce(tf.fill([1], float(i)), op=hvd.Sum, process_set=process_set,
-                                                   name=f"tfcomp_calibration_tensor_{i}") for i in range(count)])
-        return lambda: graph()[0].numpy()
-
-    per_tensor = max(_median_seconds(separate_allreduces(_BOOKKEEPING_TENSORS), repeats=15, warmup=3)
-                     - _median_seconds(separate_allreduces(1), repeats=15, warmup=3), 0.0) / (_BOOKKEEPING_TENSORS - 1)
-    ar_elements = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
+    barrier = _barrier(process_set)
+    # Per-tensor cost: separate allreduces in one graph, the way the exchange and Horovod's
+    # optimizer send dense gradients (one allreduce each, fused by Horovod).
+    small = _interleaved_times({
+        "allreduce": allreduces([tf.ones([1])], "tfcomp_calibration_tiny"),
+        "allgather": allgather(tf.ones([1]), "tfcomp_calibration_tiny_allgather"),
+        "tensors": allreduces([tf.fill([1], float(i)) for i in range(_BOOKKEEPING_TENSORS)], "tfcomp_calibration_tensor"),
+    }, rounds=15, barrier=barrier, warmup=3)
+    per_tensor = max(np.median(small["tensors"] - small["allreduce"]), 0.0) / (_BOOKKEEPING_TENSORS - 1)
+    ar_elements = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS) // _LARGE_PARTS * _LARGE_PARTS
     ag_elements = min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
     # The large allreduce as training sends gradients: separate tensors that Horovod fuses, so the
-    # copies into and out of its fusion buffer are part of the measured bandwidth.
+    # copies into and out of its fusion buffer are part of the measured bandwidth (less the
+    # per-tensor costs of those tensors).
     parts = [tf.random.stateless_normal([ar_elements // _LARGE_PARTS], seed=[7, i]) for i in range(_LARGE_PARTS)]
-    fused = tf.function(lambda: [hvd.allreduce(p * 1.0, op=hvd.Sum, process_set=process_set,
-                                               name=f"tfcomp_calibration_large_{i}") for i, p in enumerate(parts)])
-    large_ar = _median_seconds(lambda: fused()[0].numpy(), repeats=3)
-    ar_elements = _LARGE_PARTS * (ar_elements // _LARGE_PARTS)
-    large_ag = _median_seconds(allgather(tf.random.stateless_normal([ag_elements], seed=[7, 2])), repeats=3)
+    large = _interleaved_times({
+        "allreduce": allreduces(parts, "tfcomp_calibration_large"),
+        "tiny_allreduce": allreduces([tf.ones([1])], "tfcomp_calibration_tiny"),
+        "allgather": allgather(tf.random.stateless_normal([ag_elements], seed=[7, 2]), "tfcomp_calibration_large_allgather"),
+        "tiny_allgather": allgather(tf.ones([1]), "tfcomp_calibration_tiny_allgather"),
+    }, rounds=min(15, max(3, _LARGE_ROUNDS_ELEMENTS // ar_elements)), barrier=barrier)
+    # Transfer times, each large collective against the tiny one of its round; the cost model adds
+    # per_tensor for every tensor of a dense bucket, so it comes out of the allreduce's figures.
+    tiny_ar, tiny_ag = np.median(small["allreduce"]) - per_tensor, np.median(small["allgather"])
+    large_ar = tiny_ar + np.median(large["allreduce"] - large["tiny_allreduce"]) - (_LARGE_PARTS - 1) * per_tensor
+    large_ag = tiny_ag + np.median(large["allgather"] - large["tiny_allgather"])
     # ring allreduce: 2 (K-1) hops of S/K bytes; ring allgather: K-1 hops of S bytes.
-    return (_fit_network(tiny_ar, large_ar, 4.0 * ar_elements, 2 * (k - 1), 1.0 / k),
-            _fit_network(tiny_ag, large_ag, 4.0 * ag_elements, k - 1, 1.0), per_tensor)
+    return ClusterModel(k, _fit_network(float(tiny_ar), float(large_ar), 4.0 * ar_elements, 2 * (k - 1), 1.0 / k),
+                        _fit_network(float(tiny_ag), float(large_ag), 4.0 * ag_elements, k - 1, 1.0),
+                        AffineCost(0.0, 0.0), float(per_tensor))
 
 
-def _exchange_seconds(compressor, network: ClusterModel, collectives, buckets) -> float:
-    """Median seconds of one exchange call whose plan is `buckets` (lists of tensor sizes), each
-    compressed with the compressor's own collective, less the communication the cost model gives
-    that collective on `network` (nothing with `LocalCollectives`, which send nothing)."""
+def _exchange_probe(compressor, network: ClusterModel, collectives, buckets) -> tuple:
+    """(callable, modelled seconds): one exchange call, as one graph, whose plan is `buckets`
+    (lists of tensor sizes), each compressed with the compressor's own collective, and the
+    communication the cost model gives that plan on `network` (0 with `LocalCollectives`, which
+    send nothing)."""
     from tfcomp.exchange import GradientExchange
     from tfcomp.planning import Bucket, Plan, predicted_exchange_time
 
@@ -133,48 +166,63 @@ def _exchange_seconds(compressor, network: ClusterModel, collectives, buckets) -
     variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
     gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]
     # With a network whose compression costs are 0, the plan's predicted time is its communication.
-    # Small calls are short and Horovod's cycle quantises them: more repeats (the count depends on
-    # the sizes only, so every rank runs the collective as often).
-    repeats = 15 if sum(sizes) < 2**20 else 5
-    return _median_seconds(lambda: exchange(gradients, variables), repeats=repeats, warmup=2) - predicted_exchange_time(plan)
+    return _graph_call(lambda: exchange(gradients, variables)), predicted_exchange_time(plan)
+
+
+class CompressionFigures(NamedTuple):
+    """What compressing costs, in seconds: `encode_decode` c0 + c1 * elements per bucket,
+    `per_tensor` for each tensor of a bucket, `merge_per_element` for each element of a bucket of
+    more than one tensor, and `fixed` once per exchange with any compressed bucket (the fields of
+    `tfcomp.cost_model.ClusterModel` of those names)."""
+
+    encode_decode: AffineCost
+    per_tensor: float
+    merge_per_element: float
+    fixed: float
+
+    def apply(self, cluster: ClusterModel) -> ClusterModel:
+        """`cluster` with these compression figures."""
+        return dataclasses.replace(cluster, encode_decode=self.encode_decode, compression_per_tensor=self.per_tensor,
+                                   merge_per_element=self.merge_per_element, compression_fixed=self.fixed)
 
 
 def measure_compression(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
-                        collectives=None) -> tuple:
-    """(AffineCost c0 + c1 * elements, seconds per tensor, seconds per merged element): the work of
-    compressed buckets in the exchange itself. With `collectives` (Horovod's, on every rank at
-    once) and the calibrated `network`, a step's real collective runs and the cost model's
-    communication time is subtracted, so the figures include what training sees (both workers
-    computing at once, waiting for the slower one); without, `LocalCollectives(num_workers)`.
-    c1 is the slope of one-bucket calls at sizes up to max_elements (at least 2^20, at most 2^23);
-    c0 is what one more bucket in the same call adds beyond its elements (8 small buckets against
-    1), so the fixed cost of calling the exchange is not counted per bucket; the per-tensor cost
-    (each tensor's residual update, cast, reshape) is what 64 tiny tensors in one bucket add over
-    one tensor of their size; the per-element cost of merging (concatenate, split) is what 8 tensors
-    add over one at the largest size, less their per-tensor costs."""
-    from tfcomp.exchange import LocalCollectives
+                        collectives=None) -> CompressionFigures:
+    """The work of compressed buckets in the exchange itself (accumulate, encode, local decode,
+    residual, collective, decode of all payloads), each probe one graph call, the probes interleaved.
+    With `collectives` (Horovod's, on every rank at once) and the calibrated `network`, a step's
+    real collective runs (after a barrier, as in training) and the cost model's communication time
+    is subtracted, so the figures include what training sees (both workers computing at once,
+    waiting for the slower one); without, `LocalCollectives(num_workers)`.
+
+    c1 is the slope of one-bucket calls of one tensor at sizes up to max_elements (at least 2^20,
+    at most 2^23) and their intercept is c0 + fixed; c0 is what one more bucket in the same call
+    adds beyond its elements (8 small buckets against 1). Per tensor and per merged element:
+    64 tensors of 2^14 elements in one bucket add 63 per-tensor costs and the merging of 2^20
+    elements over one tensor of 2^20; 8 tensors of 2^17 add 7 and the same merging."""
+    from tfcomp.exchange import HorovodCollectives, LocalCollectives
 
     if collectives is None:
         collectives = LocalCollectives(num_workers)
         network = ClusterModel.unpriced(num_workers)
     network = dataclasses.replace(network, encode_decode=AffineCost(0.0, 0.0), compression_per_tensor=0.0,
-                                  merge_per_element=0.0)
-
-    def seconds(buckets):
-        return _exchange_seconds(compressor, network, collectives, buckets)
-
+                                  merge_per_element=0.0, compression_fixed=0.0)
     # Up to the gradients' size, but at least 2^20 elements, so that the slope stands out of the noise.
     largest = min(max(max_elements, _MIN_LARGEST_PROBE), _ENCODE_SIZES[-1])
     sizes = sorted({s for s in _ENCODE_SIZES if s < largest} | {largest})
-    single = [seconds([[n]]) for n in sizes]
-    slope = AffineCost.fit(sizes, single).c1
-    small, large = sizes[0], sizes[-1]
-    per_bucket = max((seconds([[small]] * 8) - single[0]) / 7 - slope * small, 0.0)
-    # 64 tensors in one bucket against 1 of the same small size: 63 per-tensor costs (merging
-    # `small` elements is negligible); 8 against 1 at the largest size: 7 of them plus merging.
-    per_tensor = max(seconds([[small // 64] * 64]) - single[0], 0.0) / 63
-    merge = max(seconds([[large // 8] * 8]) - single[-1] - 7 * per_tensor, 0.0) / large
-    return AffineCost(per_bucket, slope), per_tensor, merge
+    small, merged = sizes[0], _MIN_LARGEST_PROBE
+    plans = {**{n: [[n]] for n in sizes}, "buckets": [[small]] * 8, "many": [[merged // 64] * 64],
+             "few": [[merged // 8] * 8]}
+    probes = {name: _exchange_probe(compressor, network, collectives, buckets) for name, buckets in plans.items()}
+    barrier = _barrier(collectives.process_set) if isinstance(collectives, HorovodCollectives) else None
+    times = _interleaved_times({name: run for name, (run, _) in probes.items()}, rounds=15, barrier=barrier)
+    seconds = {name: times[name] - communication for name, (_, communication) in probes.items()}
+    single = AffineCost.fit(sizes, [np.median(seconds[n]) for n in sizes])
+    per_bucket = max(np.median(seconds["buckets"] - seconds[small]) / 7 - single.c1 * small, 0.0)
+    per_tensor = max(np.median(seconds["many"] - seconds["few"]), 0.0) / 56
+    merge = max(np.median(seconds["few"] - seconds[merged]) - 7 * per_tensor, 0.0) / merged
+    fixed = max(single.c0 - per_bucket - per_tensor, 0.0)
+    return CompressionFigures(AffineCost(float(per_bucket), single.c1), float(per_tensor), float(merge), float(fixed))
 
 
 def cache_key(compressor, process_set) -> str:
@@ -226,13 +274,11 @@ def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
     """This rank's measurements (every rank runs the same collectives in the same order)."""
     from tfcomp.exchange import HorovodCollectives
 
-    allreduce, allgather, per_tensor = _measure_networks(process_set, max_elements)
-    network = ClusterModel(process_set.size(), allreduce, allgather, AffineCost(0.0, 0.0), per_tensor)
+    network = _measure_networks(process_set, max_elements)
     if available_strategies(compressor) == ("dense",):
         return network
-    compression, compression_per_tensor, merge = measure_compression(
-        compressor, process_set.size(), max_elements, network, HorovodCollectives(process_set))
-    return ClusterModel(process_set.size(), allreduce, allgather, compression, per_tensor, compression_per_tensor, merge)
+    return measure_compression(compressor, process_set.size(), max_elements, network,
+                               HorovodCollectives(process_set)).apply(network)
 
 
 def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23) -> ClusterModel:

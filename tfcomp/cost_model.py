@@ -19,7 +19,8 @@ T = max(gamma T_comp, sum of all but the last bucket's times) + the last bucket'
 compression after the backward pass (Appendix B), T = T_comp + T_encode_decode + T_comm.
 
 `ClusterModel` holds what calibration measures (`tfcomp.calibration`): the allreduce and allgather
-networks and the chosen compressor's encode+decode fit. `strategy_time` prices one bucket under one
+networks, the chosen compressor's encode+decode fit, per-tensor costs, and the fixed cost of
+compressing at all, which an exchange pays once. `strategy_time` prices one bucket under one
 exchange strategy; `tfcomp.planning` searches the buckets and strategies with it.
 """
 
@@ -213,13 +214,14 @@ class ClusterModel:
     per_tensor: float = 0.0  # seconds each tensor adds to the collectives (Horovod's negotiation, bookkeeping)
     compression_per_tensor: float = 0.0  # seconds each tensor adds to a compressed bucket's work
     merge_per_element: float = 0.0  # seconds per element to concatenate and split a multi-tensor bucket
+    compression_fixed: float = 0.0  # seconds an exchange with any compressed bucket pays once, beyond its buckets
 
     def to_list(self) -> list:
         """[workers, allreduce latency, bandwidth, allgather latency, bandwidth, c0, c1, per_tensor,
-        compression_per_tensor, merge_per_element] (floats)."""
+        compression_per_tensor, merge_per_element, compression_fixed] (floats)."""
         return [float(self.workers), self.allreduce.latency, self.allreduce.bandwidth, self.allgather.latency,
                 self.allgather.bandwidth, self.encode_decode.c0, self.encode_decode.c1, self.per_tensor,
-                self.compression_per_tensor, self.merge_per_element]
+                self.compression_per_tensor, self.merge_per_element, self.compression_fixed]
 
     @classmethod
     def unpriced(cls, workers: int) -> "ClusterModel":
@@ -229,9 +231,9 @@ class ClusterModel:
 
     @classmethod
     def from_list(cls, values) -> "ClusterModel":
-        w, arl, arb, agl, agb, c0, c1, per_tensor, compression_per_tensor, merge = (float(v) for v in values)
+        w, arl, arb, agl, agb, c0, c1, per_tensor, compression_per_tensor, merge, fixed = (float(v) for v in values)
         return cls(int(round(w)), Network(arl, arb), Network(agl, agb), AffineCost(c0, c1), per_tensor,
-                   compression_per_tensor, merge)
+                   compression_per_tensor, merge, fixed)
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,7 @@ WIRE_TENSORS = 3  # tensors a compressed bucket puts in its collectives (payload
 
 
 def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterModel, *,
-                  tree: bool = False, tensors: int = 1) -> StrategyTime:
+                  tree: bool = False, tensors: int = 1, alone: bool = True) -> StrategyTime:
     """Seconds to exchange a bucket of `tensors` tensors, `elements` float32 values, with `strategy`.
 
     dense: ring allreduce of the tensors (2 bytes per element for FP16). allgather: ring allgather
@@ -260,7 +262,9 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     allgather of one float per worker when the owner is the max-variance worker (VAR). Each tensor
     in a collective adds cluster.per_tensor (a compressed bucket sends WIRE_TENSORS); each tensor
     of a compressed bucket adds cluster.compression_per_tensor to its compression, and merging more
-    than one tensor costs cluster.merge_per_element per element (concatenate, split).
+    than one tensor costs cluster.merge_per_element per element (concatenate, split). A compressed
+    bucket `alone` in its exchange also pays cluster.compression_fixed, which an exchange pays once
+    however many compressed buckets it has (the plan's search prices buckets with alone=False).
     """
     k = cluster.workers
     if strategy == "dense":
@@ -271,6 +275,8 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
         raise ValueError(f"strategy must be one of {available_strategies(compressor)} for {compressor!r}, "
                          f"got {strategy!r}")
     compression = cluster.encode_decode(elements) + tensors * cluster.compression_per_tensor
+    if alone:
+        compression += cluster.compression_fixed
     if tensors > 1:
         compression += cluster.merge_per_element * elements
     bookkeeping = WIRE_TENSORS * cluster.per_tensor if k > 1 else 0.0

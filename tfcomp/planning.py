@@ -8,7 +8,9 @@ communication g(x), both affine in its size; a bucket may start only when its la
 ready and the previous bucket is done, which is the overlap term), giving each bucket the strategy
 (`tfcomp.cost_model.STRATEGIES`) with the smallest predicted time, dense on ties. Algorithm 2 then
 walks y = 1, 2, ... and stops when one more group no longer helps by `min_gain` (1 %), up to
-`max_groups` (8). No training step is probed: it is arithmetic on calibrated figures.
+`max_groups` (8). What compressing costs once per exchange whatever the buckets
+(`ClusterModel.compression_fixed`) is added to the result, and a plan that then is not faster than
+all dense becomes all dense. No training step is probed: it is arithmetic on calibrated figures.
 
 `per_tensor_plan` is the plan with planning="off": one bucket per tensor. `predicted_exchange_time`
 prices a plan as the exchange runs it (one fused collective per strategy: latency paid once).
@@ -66,7 +68,8 @@ class Plan:
     def table(self) -> str:
         """Readable: bucket, tensors, elements, strategy, predicted time with it and dense."""
         lines = [f"tfcomp plan for {self.compressor} on {self.cluster.workers} workers "
-                 f"(allreduce {_rate(self.cluster.allreduce)}, allgather {_rate(self.cluster.allgather)})",
+                 f"(allreduce {_rate(self.cluster.allreduce)}, allgather {_rate(self.cluster.allgather)}, "
+                 f"compressing at all {1e3 * self.cluster.compression_fixed:.3f} ms a step)",
                  f"{'bucket':>6s} {'tensors':>7s} {'elements':>11s} {'strategy':>10s} {'predicted ms':>12s} "
                  f"{'dense ms':>9s}  first tensor"]
         for i, b in enumerate(self.buckets):
@@ -104,7 +107,7 @@ def _cheapest(elements: int, tensors: int, strategies, compressor, cluster) -> t
     """(strategy, StrategyTime) with the smallest total; the earliest listed (dense) on ties."""
     best = None
     for strategy in strategies:
-        t = cm.strategy_time(strategy, elements, compressor, cluster, tensors=tensors)
+        t = cm.strategy_time(strategy, elements, compressor, cluster, tensors=tensors, alone=False)
         if best is None or t.total < best[1].total:
             best = (strategy, t)
     return best
@@ -166,8 +169,18 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
         strategy, predicted = cost[i, j]
         dense = cm.strategy_time("dense", prefix[j] - prefix[i], compressor, cluster, tensors=len(members)).total
         buckets.append(Bucket(tuple(p for p, _, _ in members), prefix[j] - prefix[i], strategy, predicted, dense))
-    return Plan(tuple(_merge_neighbours(buckets, compressor, cluster)), {p: name for p, name, _ in tensors},
-                compressor, cluster)
+    names = {p: name for p, name, _ in tensors}
+    plan = Plan(tuple(_merge_neighbours(buckets, compressor, cluster)), names, compressor, cluster)
+    if plan.compressed and "dense" in strategies and predicted_exchange_time(plan) >= all_dense_time(plan):
+        # What compressed buckets cost once per exchange (cluster.compression_fixed) outweighs what they save.
+        return Plan(tuple(_merge_neighbours([_dense_bucket(b, compressor, cluster) for b in plan.buckets],
+                                            compressor, cluster)), names, compressor, cluster)
+    return plan
+
+
+def _dense_bucket(bucket, compressor, cluster):
+    time = cm.strategy_time("dense", bucket.elements, compressor, cluster, tensors=len(bucket.positions))
+    return Bucket(bucket.positions, bucket.elements, "dense", time, time.total)
 
 
 def _merge_neighbours(buckets, compressor, cluster):
@@ -191,15 +204,16 @@ def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
     for position, _, elements in tensors:
         strategy = own if elements >= compressor.min_elements else "dense"
         dense = cm.strategy_time("dense", elements, compressor, cluster)
-        predicted = cm.strategy_time(strategy, elements, compressor, cluster)
+        predicted = cm.strategy_time(strategy, elements, compressor, cluster, alone=False)
         buckets.append(Bucket((position,), elements, strategy, predicted, dense.total))
     return Plan(tuple(buckets), {p: name for p, name, _ in tensors}, compressor, cluster)
 
 
 def predicted_exchange_time(plan: Plan) -> float:
     """Seconds per step as the exchange runs the plan: one grouped collective per strategy (its
-    latency paid once), every compressed bucket's encode and decode, one broadcast per AR-Topk
-    bucket, and the per-tensor bookkeeping of every tensor put in a collective."""
+    latency paid once), every compressed bucket's encode and decode, the fixed cost of compressing
+    at all (once), one broadcast per AR-Topk bucket, and the per-tensor bookkeeping of every tensor
+    put in a collective."""
     cluster, k = plan.cluster, plan.cluster.workers
     by_strategy = {}
     for b in plan.buckets:
@@ -208,6 +222,8 @@ def predicted_exchange_time(plan: Plan) -> float:
     dense_tensors = sum(len(b.positions) for b in by_strategy.get("dense", []))
     wire_tensors = cm.WIRE_TENSORS * sum(1 for b in plan.buckets if b.strategy != "dense")
     seconds = (dense_tensors + wire_tensors) * cluster.per_tensor if k > 1 else 0.0
+    if plan.compressed:
+        seconds += cluster.compression_fixed
     for strategy, buckets in by_strategy.items():
         elements = [b.elements for b in buckets]
         seconds += sum(b.predicted.compression for b in buckets)

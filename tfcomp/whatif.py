@@ -116,16 +116,17 @@ def predict(elements: int, compressor, cluster: cm.ClusterModel, compute_seconds
     return {"strategies": rows, "choice": choice}
 
 
-def _encode_decode(args, compressor, elements: int, workers: int) -> tuple:
-    """(AffineCost, seconds per tensor, seconds per merged element) of the compression: --encode-ms
-    (all of it), or measured here."""
+def _cluster(args, network: cm.Network, compressor, elements: int) -> cm.ClusterModel:
+    """The model the prediction uses: `network` for both collectives, and the compression's figures
+    from --encode-ms (all of it, per bucket) or measured here."""
+    cluster = cm.ClusterModel(args.workers, network, network, cm.AffineCost(0.0, 0.0))
     if args.encode_ms is not None:
         if not (math.isfinite(args.encode_ms) and args.encode_ms >= 0):
             raise _UsageError(f"--encode-ms must be a number of milliseconds >= 0, got {args.encode_ms!r}")
-        return cm.AffineCost(args.encode_ms / 1e3, 0.0), 0.0, 0.0
+        return dataclasses.replace(cluster, encode_decode=cm.AffineCost(args.encode_ms / 1e3, 0.0))
     from tfcomp import calibration
 
-    return calibration.measure_compression(compressor, workers, elements)
+    return calibration.measure_compression(compressor, args.workers, elements).apply(cluster)
 
 
 def _plot(path: str, elements: int, tensors: int, compressor, cluster: cm.ClusterModel, compute_seconds: float) -> None:
@@ -186,9 +187,7 @@ def _run(argv) -> int:
     tensors = [("params", args.params)] if args.params is not None else _load_profile(args.profile)
     elements = sum(n for _, n in tensors)
     compressor = _make_compressor(args.compressor, args.ratio)
-    fit, compression_per_tensor, merge = _encode_decode(args, compressor, elements, args.workers)
-    cluster = cm.ClusterModel(args.workers, network, network, fit, compression_per_tensor=compression_per_tensor,
-                              merge_per_element=merge)
+    cluster = _cluster(args, network, compressor, elements)
     result = predict(elements, compressor, cluster, args.compute_ms / 1e3, tensors=len(tensors))
     if args.json:
         print(json.dumps(result))
