@@ -14,7 +14,7 @@ workers the per-worker bandwidth that calibration measures is about half the rat
 Needs root (ip netns, tc). Run from the repository root:
 
   python -m benchmarks.network_validation [--settings=unshaped,500mbit,1gbit,2gbit,5gbit]
-      [--rounds=9] [--steps=6] [--markdown_out=benchmarks/results/network_validation.md]
+      [--rounds=11] [--steps=6] [--markdown_out=benchmarks/results/network_validation.md]
 """
 
 import datetime
@@ -33,7 +33,7 @@ __all__ = ["summarise"]
 FLAGS = flags.FLAGS
 flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"],
                   "Loopback rates for tc tbf (e.g. 1gbit), or 'unshaped'.")
-flags.DEFINE_integer("rounds", 9, "Interleaved rounds per setting (the median is reported).")
+flags.DEFINE_integer("rounds", 11, "Interleaved rounds per setting (the median is reported).")
 flags.DEFINE_integer("steps", 6, "Training steps per configuration per round.")
 flags.DEFINE_list("models", ["giant", "many_small"], "Models to train (see benchmarks/network_worker.py).")
 flags.DEFINE_list("configs", None, "Only these configurations (default: all; 'compute' is needed for predictions).")
@@ -108,10 +108,15 @@ def summarise(by_setting: dict) -> tuple:
         top, bottom = _row(results, model, numerator), _row(results, model, denominator)
         if top and bottom:
             checks[name] = top["measured_s"] / bottom["measured_s"]
+            # The two were timed one after the other in every round: the ratio round by round
+            # cancels what drifts between rounds on a shared machine.
+            checks[name + "_paired"] = statistics.median(
+                a / b for a, b in zip(top["samples_s"], bottom["samples_s"]))
     text = "\n".join(lines)
-    text += "\n\n| check | measured |\n|---|---|\n" + "\n".join(
+    text += ("\n\n| check | measured |\n|---|---|\n" + "\n".join(
         f"| {name} | {value:.3f} |" if "error" not in name else f"| {name} | {100 * value:.1f}% |"
-        for name, value in checks.items())
+        for name, value in checks.items()) +
+        "\n\nA ratio is of the two medians; `_paired` is the median of the ratios round by round.")
     return text, checks
 
 

@@ -40,3 +40,18 @@ def test_summary_reports_errors_and_checks(rng):
     assert checks["1gbit_giant_horovod_over_plan"] == pytest.approx(6.0)
     assert checks["1gbit_many_small_per_tensor_over_plan"] == pytest.approx(0.02 / 0.015)
     assert text.count("| unshaped |") == 9 and "| 1gbit | 0.50 | giant | dragonn | allgather |" in text
+
+
+def test_paired_ratio_is_the_median_of_ratios_round_by_round():
+    by_setting = {"unshaped": setting(0.08, 0.1, 0.02, 0.021, 0.03, [0.0] * 4)}
+    results = by_setting["unshaped"]["results"]
+    # A machine that slows down round by round: plan and Horovod equal in every round.
+    results[5]["samples_s"] = [0.010, 0.020, 0.040]  # horovod_dense
+    results[7]["samples_s"] = [0.011, 0.020, 0.038]  # plan
+    results[5]["measured_s"], results[7]["measured_s"] = 0.020, 0.020
+    _, checks = summarise(by_setting)
+    assert checks["unshaped_many_small_plan_over_horovod"] == pytest.approx(1.0)
+    assert checks["unshaped_many_small_plan_over_horovod_paired"] == pytest.approx(1.0)
+    results[7]["samples_s"] = [0.011, 0.022, 0.060]
+    _, checks = summarise(by_setting)
+    assert checks["unshaped_many_small_plan_over_horovod_paired"] == pytest.approx(1.1)

@@ -82,6 +82,7 @@ def _graph_call(function):
 
 
 def _barrier(process_set):
+    """A callable that returns once every rank of `process_set` has called it (a one-float allreduce)."""
     zero = tf.zeros([1], tf.float32)
     return lambda: hvd.allreduce(zero, op=hvd.Sum, process_set=process_set, name="tfcomp_calibration_barrier").numpy()
 
@@ -117,11 +118,13 @@ def _measure_networks(process_set, elements: int) -> ClusterModel:
         return _graph_call(lambda: [hvd.allgather(tensor * 1.0, process_set=process_set, name=name)])
 
     barrier = _barrier(process_set)
+    tiny_allreduce = allreduces([tf.ones([1])], "tfcomp_calibration_tiny")
+    tiny_allgather = allgather(tf.ones([1]), "tfcomp_calibration_tiny_allgather")
     # Per-tensor cost: separate allreduces in one graph, the way the exchange and Horovod's
     # optimizer send dense gradients (one allreduce each, fused by Horovod).
     small = _interleaved_times({
-        "allreduce": allreduces([tf.ones([1])], "tfcomp_calibration_tiny"),
-        "allgather": allgather(tf.ones([1]), "tfcomp_calibration_tiny_allgather"),
+        "allreduce": tiny_allreduce,
+        "allgather": tiny_allgather,
         "tensors": allreduces([tf.fill([1], float(i)) for i in range(_BOOKKEEPING_TENSORS)], "tfcomp_calibration_tensor"),
     }, rounds=15, barrier=barrier, warmup=3)
     per_tensor = max(np.median(small["tensors"] - small["allreduce"]), 0.0) / (_BOOKKEEPING_TENSORS - 1)
@@ -133,9 +136,9 @@ def _measure_networks(process_set, elements: int) -> ClusterModel:
     parts = [tf.random.stateless_normal([ar_elements // _LARGE_PARTS], seed=[7, i]) for i in range(_LARGE_PARTS)]
     large = _interleaved_times({
         "allreduce": allreduces(parts, "tfcomp_calibration_large"),
-        "tiny_allreduce": allreduces([tf.ones([1])], "tfcomp_calibration_tiny"),
+        "tiny_allreduce": tiny_allreduce,
         "allgather": allgather(tf.random.stateless_normal([ag_elements], seed=[7, 2]), "tfcomp_calibration_large_allgather"),
-        "tiny_allgather": allgather(tf.ones([1]), "tfcomp_calibration_tiny_allgather"),
+        "tiny_allgather": tiny_allgather,
     }, rounds=min(15, max(3, _LARGE_ROUNDS_ELEMENTS // ar_elements)), barrier=barrier)
     # Transfer times, each large collective against the tiny one of its round; the cost model adds
     # per_tensor for every tensor of a dense bucket, so it comes out of the allreduce's figures.
