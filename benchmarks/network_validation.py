@@ -68,7 +68,10 @@ def run_setting(setting: str) -> dict:
                 command.append(f"--configs={','.join(FLAGS.configs)}")
             result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
             if result.returncode != 0:
-                raise RuntimeError(f"{setting}: horovodrun failed\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+                log = os.path.join(tempfile.gettempdir(), f"tfcomp_validation_{setting}.log")
+                with open(log, "w") as f:
+                    f.write(result.stdout + "\n" + result.stderr)
+                raise RuntimeError(f"{setting}: horovodrun failed (whole output in {log})\n{result.stderr[-3000:]}")
             with open(out) as f:
                 return json.load(f)
     finally:

@@ -31,6 +31,16 @@ def test_network_fit_is_not_fooled_by_a_slow_tiny_collective():
     # Noise made the tiny allreduce take 9 ms and the large one 10 ms: half of it counts as transfer.
     fitted = calibration._fit_network(0.009, 0.010, 4e6, 2, 0.5)
     assert fitted.bandwidth == pytest.approx(2 * 0.5 * 4e6 / 0.005)
+    # ... or longer than the large one: half of the tiny one's time counts as transfer.
+    fitted = calibration._fit_network(0.012, 0.010, 4e6, 2, 0.5)
+    assert fitted.latency == pytest.approx(0.006) and fitted.bandwidth == pytest.approx(2 * 0.5 * 4e6 / 0.006)
+
+
+@pytest.mark.parametrize("tiny, large", [(-1e-5, -2e-5), (0.0, 0.0), (-1e-4, 3e-3), (2e-3, -1e-4)])
+def test_network_fit_of_figures_made_negative_by_noise_is_a_valid_network(tiny, large):
+    """Per-tensor costs are subtracted from the measured times; noise can leave them negative."""
+    fitted = calibration._fit_network(tiny, large, 4e6, 2, 0.5)
+    assert fitted.latency >= 0 and np.isfinite(fitted.bandwidth) and fitted.bandwidth > 0
 
 
 @pytest.mark.parametrize("make", [lambda: tfcomp.DRAGONN(0.05), lambda: tfcomp.TopK(0.05), lambda: tfcomp.QSGD(4),
