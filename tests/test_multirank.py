@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.helpers import REPO_ROOT, child_env, horovodrun
+from tfcomp.cost_model import ClusterModel
 
 EXACT = 0.0
 # Sums over 3 ranks depend on the reduction order: grouped and single collectives, and Horovod's tensor
@@ -111,15 +112,14 @@ def test_skipped_loss_scale_step_leaves_residuals_untouched(reports):
     assert found["weights_changed_on_skip"] == [0.0] * len(reports)
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
 
 def test_plan_is_the_same_on_every_rank(reports):
     assert len({r["plan/digest"] for r in reports}) == 1
     assert all(r["plan/cluster"] == reports[0]["plan/cluster"] for r in reports)
-    workers, _, ar_bandwidth, _, ag_bandwidth, c0, c1, _, _, _ = reports[0]["plan/cluster"]
-    assert workers == len(reports) and min(ar_bandwidth, ag_bandwidth) > 1e6
+    cluster = ClusterModel.from_list(reports[0]["plan/cluster"])
+    assert cluster.workers == len(reports)
+    assert min(cluster.allreduce.bandwidth, cluster.allgather.bandwidth) > 1e6
+    c0, c1 = cluster.encode_decode.c0, cluster.encode_decode.c1
     assert c0 >= 0 and c1 >= 0 and c0 + c1 * 2**20 > 0  # compressing a million elements costs something
     assert set(reports[0]["plan/strategies"]) <= {"dense", "allgather", "artopk"}
 
@@ -140,3 +140,7 @@ def test_perturbed_calibration_on_one_rank_still_gives_one_plan(reports):
 def test_different_plans_raise_on_every_rank(reports):
     messages = [r["plan/mismatch_error"] for r in reports]
     assert all(m.startswith("tfcomp: the ranks made different exchange plans") for m in messages), messages
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
