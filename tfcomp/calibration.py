@@ -51,6 +51,7 @@ _LARGE_PARTS = 4
 _LARGE_ROUNDS_ELEMENTS = 2**23  # the large collectives run about this many elements in all (3 to 15 rounds)
 _ENCODE_SIZES = (2**12, 2**17, 2**20, 2**23)
 _MIN_LARGEST_PROBE = 2**20
+_TINY_BYTES = 4.0  # the tiny collectives send one float32
 _MIN_TRANSFER_SECONDS = 1e-6  # the least transfer time a fit accepts (a finite bandwidth)
 
 
@@ -95,13 +96,14 @@ def _rank0_value(value: float, process_set) -> float:
 
 
 def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, hops: float, bytes_per_hop: float) -> Network:
-    """Solves t = hops * (alpha + S_hop / B) from a tiny (S ~ 0) and a large measurement. When
+    """Solves t = hops * (alpha + S_hop / B) from a tiny (one float32) and a large measurement. When
     noise makes the tiny one take nearly as long as the large one (or longer), at least half of the
     larger time is taken as transfer (a lower bandwidth rather than an absurdly high one); figures
     that noise and the subtraction of per-tensor costs made negative still give a valid Network."""
-    latency = max(tiny_seconds, 0.0) / hops
     transfer = max(large_seconds - tiny_seconds, 0.5 * max(large_seconds, tiny_seconds), _MIN_TRANSFER_SECONDS)
-    return Network(latency, hops * bytes_per_hop * large_bytes / transfer)
+    bandwidth = hops * bytes_per_hop * (large_bytes - _TINY_BYTES) / transfer
+    latency = max(tiny_seconds / hops - bytes_per_hop * _TINY_BYTES / bandwidth, 0.0)
+    return Network(latency, bandwidth)
 
 
 def _measure_networks(process_set, elements: int) -> ClusterModel:
