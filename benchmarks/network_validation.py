@@ -36,7 +36,8 @@ flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"]
 flags.DEFINE_integer("rounds", 11, "Interleaved rounds per setting (the median is reported).")
 flags.DEFINE_integer("steps", 6, "Training steps per configuration per round.")
 flags.DEFINE_list("models", ["giant", "many_small"], "Models to train (see benchmarks/network_worker.py).")
-flags.DEFINE_list("configs", None, "Only these configurations (default: all; 'compute' is needed for predictions).")
+flags.DEFINE_list("configs", None, "Only these configurations (default: all; 'compute' or 'compute_synced' is "
+                  "needed for predictions).")
 flags.DEFINE_string("markdown_out", None, "Write the tables to this markdown file.")
 flags.DEFINE_string("json_out", None, "Write every setting's raw results to this JSON file.")
 
@@ -78,6 +79,9 @@ def run_setting(setting: str) -> dict:
         _ip("netns", "delete", NAMESPACE, check=False)
 
 
+COMPUTE_LABELS = {"compute": "compute only", "compute_synced": "compute + one-float allreduce"}
+
+
 def _row(results, model, config):
     return next((r for r in results if r["model"] == model and r["config"] == config), None)
 
@@ -89,8 +93,9 @@ def summarise(by_setting: dict) -> tuple:
     errors = []
     for setting, data in by_setting.items():
         for r in data["results"]:
-            if r["config"] == "compute":
-                lines.append(f"| {setting} | | {r['model']} | compute only | | {1e3 * r['measured_s']:.1f} | | |")
+            if r["config"] in COMPUTE_LABELS:
+                lines.append(f"| {setting} | | {r['model']} | {COMPUTE_LABELS[r['config']]} | | "
+                             f"{1e3 * r['measured_s']:.1f} | | |")
                 continue
             error = r["predicted_s"] / r["measured_s"] - 1
             if r["config"] in ("horovod_dense", "dragonn"):

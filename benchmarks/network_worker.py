@@ -13,17 +13,20 @@ and these configurations, interleaved round by round (every round runs each conf
 --steps steps, 4x as many for many_small; after one untimed round, the result is the median over --rounds rounds of the time
 per step):
 
-  compute        the same step without any exchange (plain SGD): the compute time T_comp
+  compute        the same step without any exchange (plain SGD)
+  compute_synced the same step ending in one allreduce of one float (the loss): the compute time
+                 T_comp as synchronous training sees it, each step waiting for the slower worker
   horovod_dense  hvd.DistributedOptimizer(SGD, compression=hvd.Compression.none): plain Horovod
   dragonn        tfcomp DRAGONN(0.001) forced to compressed allgather in cost-model buckets
   plan           tfcomp DRAGONN(0.001) with the default plan (the cost model chooses per bucket)
   per_tensor     (many_small only) DRAGONN(0.001, planning="off"): every tensor of >= 1024
                  elements compressed on its own, as layer-wise compression does
 
-Predictions (000's model: T = T_comp + exchange, the exchange after the backward pass): the
-measured compute step plus the cost model's exchange time from the figures calibration measured at
-the start of this job (the plan's `predicted_exchange_time`; for horovod_dense a ring allreduce of
-all the gradients). Rank 0 writes the JSON.
+Predictions (000's model: T = T_comp + exchange, the exchange after the backward pass): T_comp is
+the measured compute_synced step less the cost model's time for its one-float allreduce (the plain
+compute step where compute_synced was not run), plus the cost model's exchange time from the
+figures calibration measured at the start of this job (the plan's `predicted_exchange_time`; for
+horovod_dense a ring allreduce of all the gradients). Rank 0 writes the JSON.
 """
 
 import argparse
@@ -64,6 +67,7 @@ STEP_FACTOR = {"giant": 1, "many_small": 4}  # many_small steps are short and no
 def configurations(model_name):
     configs = {
         "compute": None,
+        "compute_synced": SYNCED,
         "horovod_dense": lambda opt: hvd.DistributedOptimizer(opt, compression=hvd.Compression.none),
         "dragonn": lambda opt: hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(RATIO, strategy="allgather")),
         "plan": lambda opt: hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(RATIO)),
@@ -72,6 +76,9 @@ def configurations(model_name):
         configs["per_tensor"] = lambda opt: hvd.DistributedOptimizer(
             opt, compression=tfcomp.DRAGONN(RATIO, planning="off"))
     return configs
+
+
+SYNCED = "synced"  # no exchange, one tiny allreduce at the end of the step
 
 
 class Trainer:
@@ -85,7 +92,7 @@ class Trainer:
         self.x = tf.constant(rng.standard_normal((BATCH, inputs)).astype(np.float32))
         self.y = tf.constant(rng.integers(0, classes, BATCH))
         inner = tf.keras.optimizers.SGD(0.01)
-        self.optimizer = inner if wrap is None else wrap(inner)
+        self.optimizer = inner if wrap in (None, SYNCED) else wrap(inner)
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         @tf.function
@@ -93,6 +100,10 @@ class Trainer:
             with tf.GradientTape() as tape:
                 loss = loss_fn(self.y, self.model(self.x))
             self.optimizer.minimize(loss, self.model.trainable_variables, tape=tape)
+            if wrap == SYNCED:
+                # After the update (the read of the step counter follows the optimizer's write of it).
+                with tf.control_dependencies([self.optimizer.iterations.read_value()]):
+                    return hvd_tf.allreduce(tf.reshape(loss, [1]), op=hvd_tf.Sum, name="compute_synced")[0]
             return loss
 
         self.step = step
@@ -160,9 +171,8 @@ def main():
 def predict(results, trainers):
     """Adds predicted_s (T_comp + predicted exchange) and the plan's figures to every result."""
     for r in results:
-        if r["config"] == "compute":
+        if r["config"].startswith("compute"):
             continue
-        compute = next(x["measured_s"] for x in results if x["model"] == r["model"] and x["config"] == "compute")
         exchange = trainers[r["model"], r["config"]].exchange
         if r["config"] == "per_tensor":  # planning="off" made no calibration: price it with the plan's figures
             calibrated = trainers[r["model"], "plan"].exchange.plan.cluster
@@ -182,7 +192,18 @@ def predict(results, trainers):
             r["predicted_exchange_s"] = cm.strategy_time("dense", r["parameters"], tfcomp.NoCompression(),
                                                          plan.cluster, tensors=tensors).total
         r["cluster"] = plan.cluster.to_list()
-        r["predicted_s"] = compute + r["predicted_exchange_s"]
+        r["compute_s"] = compute_time(results, r["model"], plan.cluster)
+        r["predicted_s"] = r["compute_s"] + r["predicted_exchange_s"]
+
+
+def compute_time(results, model_name, cluster):
+    """T_comp of `model_name`: compute_synced less the modelled time of its one-float allreduce, or
+    the plain compute step where compute_synced was not run."""
+    measured = {x["config"]: x["measured_s"] for x in results if x["model"] == model_name}
+    if "compute_synced" not in measured:
+        return measured["compute"]
+    sync = cm.strategy_time("dense", 1, tfcomp.NoCompression(), cluster, tensors=1).total
+    return measured["compute_synced"] - sync
 
 
 if __name__ == "__main__":

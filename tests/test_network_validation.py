@@ -3,6 +3,8 @@
 import pytest
 
 from benchmarks.network_validation import summarise
+from benchmarks.network_worker import compute_time
+from tfcomp import cost_model as cm
 
 
 def result(model, config, measured, predicted=None, strategies=("dense",)):
@@ -17,10 +19,12 @@ def setting(giant_dense, giant_plan, small_dense, small_plan, small_per_tensor, 
     e = iter(errors)
     return {"workers": 2, "results": [
         result("giant", "compute", 0.03),
+        result("giant", "compute_synced", 0.032),
         result("giant", "horovod_dense", giant_dense, giant_dense * (1 + next(e))),
         result("giant", "dragonn", giant_plan, giant_plan * (1 + next(e)), ["allgather"]),
         result("giant", "plan", giant_plan, giant_plan, ["allgather"]),
         result("many_small", "compute", 0.005),
+        result("many_small", "compute_synced", 0.009),
         result("many_small", "horovod_dense", small_dense, small_dense * (1 + next(e))),
         result("many_small", "dragonn", small_plan, small_plan * (1 + next(e)), ["allgather"]),
         result("many_small", "plan", small_plan, small_plan),
@@ -39,19 +43,28 @@ def test_summary_reports_errors_and_checks(rng):
     assert checks["unshaped_many_small_plan_over_horovod"] == pytest.approx(0.021 / 0.02)
     assert checks["1gbit_giant_horovod_over_plan"] == pytest.approx(6.0)
     assert checks["1gbit_many_small_per_tensor_over_plan"] == pytest.approx(0.02 / 0.015)
-    assert text.count("| unshaped |") == 9 and "| 1gbit | 0.50 | giant | dragonn | allgather |" in text
+    assert text.count("| unshaped |") == 11 and "| 1gbit | 0.50 | giant | dragonn | allgather |" in text
 
 
 def test_paired_ratio_is_the_median_of_ratios_round_by_round():
     by_setting = {"unshaped": setting(0.08, 0.1, 0.02, 0.021, 0.03, [0.0] * 4)}
     results = by_setting["unshaped"]["results"]
     # A machine that slows down round by round: plan and Horovod equal in every round.
-    results[5]["samples_s"] = [0.010, 0.020, 0.040]  # horovod_dense
-    results[7]["samples_s"] = [0.011, 0.020, 0.038]  # plan
-    results[5]["measured_s"], results[7]["measured_s"] = 0.020, 0.020
+    horovod, plan = results[7], results[9]
+    horovod["samples_s"], plan["samples_s"] = [0.010, 0.020, 0.040], [0.011, 0.020, 0.038]
+    horovod["measured_s"], plan["measured_s"] = 0.020, 0.020
     _, checks = summarise(by_setting)
     assert checks["unshaped_many_small_plan_over_horovod"] == pytest.approx(1.0)
     assert checks["unshaped_many_small_plan_over_horovod_paired"] == pytest.approx(1.0)
-    results[7]["samples_s"] = [0.011, 0.022, 0.060]
+    plan["samples_s"] = [0.011, 0.022, 0.060]
     _, checks = summarise(by_setting)
     assert checks["unshaped_many_small_plan_over_horovod_paired"] == pytest.approx(1.1)
+
+
+def test_compute_time_takes_the_synced_step_less_its_modelled_allreduce(rng):
+    cluster = cm.ClusterModel(2, cm.Network(float(rng.uniform(1e-5, 1e-3)), 1e9), cm.Network(1e-4, 1e9),
+                              cm.AffineCost(0.0, 0.0), float(rng.uniform(0, 1e-4)))
+    sync = cm.ring_allreduce(4, 2, cluster.allreduce) + cluster.per_tensor
+    results = [result("m", "compute", 0.005), result("m", "compute_synced", 0.009)]
+    assert compute_time(results, "m", cluster) == pytest.approx(0.009 - sync)
+    assert compute_time(results[:1], "m", cluster) == 0.005
