@@ -64,6 +64,9 @@ MODELS = {"giant": (giant_model, 512, 16384), "many_small": (many_small_model, 1
 STEP_FACTOR = {"giant": 1, "many_small": 4}  # many_small steps are short and noisy: time 4x as many
 
 
+SYNCED = "synced"  # no exchange, one tiny allreduce at the end of the step
+
+
 def configurations(model_name):
     configs = {
         "compute": None,
@@ -76,9 +79,6 @@ def configurations(model_name):
         configs["per_tensor"] = lambda opt: hvd.DistributedOptimizer(
             opt, compression=tfcomp.DRAGONN(RATIO, planning="off"))
     return configs
-
-
-SYNCED = "synced"  # no exchange, one tiny allreduce at the end of the step
 
 
 class Trainer:

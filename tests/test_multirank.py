@@ -112,7 +112,6 @@ def test_skipped_loss_scale_step_leaves_residuals_untouched(reports):
     assert found["weights_changed_on_skip"] == [0.0] * len(reports)
 
 
-
 def test_plan_is_the_same_on_every_rank(reports):
     assert len({r["plan/digest"] for r in reports}) == 1
     assert all(r["plan/cluster"] == reports[0]["plan/cluster"] for r in reports)
