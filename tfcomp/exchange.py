@@ -13,8 +13,9 @@ printed on rank 0. Every step then:
     residuals; buckets of one strategy share one grouped collective: allgather (decoded by one
     `sparse_batched_decode` of all K workers' payloads), allreduce (RandomK's shared indices), or
     AR-Topk (the owner's indices broadcast, values at them allreduced); divided by K for Average;
-  * dense buckets and every other dense tensor: Horovod's allreduce, one per tensor, with its own
-    prescale/postscale factors (fp16 on the wire for `tfcomp.FP16()`), what plain Horovod does;
+  * dense buckets: one Horovod grouped allreduce each (per dtype), and one more for the other dense
+    tensors, with Horovod's prescale/postscale factors (fp16 on the wire for `tfcomp.FP16()`): the
+    same reduction plain Horovod runs, with one op per bucket instead of one per tensor;
   * `tf.IndexedSlices` (embeddings) unless `sparse_as_dense`: Horovod's sparse allreduce (allgather).
 
 The first `compressor.warmup_steps` communicating steps send the compressible tensors dense (with
@@ -266,12 +267,15 @@ class GradientExchange(tf.Module):
         return 1.0, 1.0
 
     def _allreduce_dense(self, tensors):
-        """One Horovod allreduce per tensor, as Horovod's own optimizer does: each can start as soon
-        as its gradient is ready, and Horovod fuses those that are ready together."""
+        """The tensors reduced by one Horovod grouped allreduce per dtype: one op and one entry in
+        Horovod's negotiation for the group, where Horovod's own optimizer has one per tensor (on
+        the 82-tensor model of benchmarks/network_worker.py, unshaped, a step took 0.94 to 1.02 of
+        plain Horovod's in two validation runs: BENCHMARKS.md). The group starts once all its
+        tensors are ready."""
         prescale, postscale = self._dense_factors()
         compression = hvd.Compression.fp16 if isinstance(self.compressor, FP16) else hvd.Compression.none
-        return [hvd.allreduce(t, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
-                              compression=compression, process_set=self.process_set) for t in tensors]
+        return _grouped_by_dtype(hvd.grouped_allreduce, tensors, op=self.op, prescale_factor=prescale,
+                                 postscale_factor=postscale, compression=compression, process_set=self.process_set)
 
     def _record(self, grads, vars):  # noqa: A002
         """How each gradient will be exchanged (for describe())."""
@@ -300,15 +304,18 @@ class GradientExchange(tf.Module):
         self._record(grads, vars)
         out = [None] * len(grads)
         compressed = self.plan.compressed
-        in_compressed = {p for b in compressed for p in b.positions}
-        dense = [i for i, g in enumerate(grads) if i not in in_compressed and not isinstance(g, tf.IndexedSlices)]
+        planned = {p for b in self.plan.buckets for p in b.positions}
+        # One grouped allreduce per dense bucket, one more for the dense tensors the plan left out.
+        dense_groups = [b.positions for b in self.plan.buckets if b.strategy == "dense"]
+        dense_groups.append([i for i, g in enumerate(grads) if i not in planned and not isinstance(g, tf.IndexedSlices)])
         prescale, postscale = self._dense_factors()
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
                 out[i] = hvd.allreduce(g, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
                                        process_set=self.process_set)
-        for i, r in zip(dense, self._allreduce_dense([grads[i] for i in dense])):
-            out[i] = r
+        for group in dense_groups:
+            for i, r in zip(group, self._allreduce_dense([grads[i] for i in group])):
+                out[i] = r
         if compressed:
             accumulated = [self._accumulate_bucket(b, grads, vars) for b in compressed]
             if self.compressor.warmup_steps > 0:
