@@ -49,8 +49,16 @@ def _ip(*args, check=True):
     return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
 
+def _cpu_times() -> tuple:
+    """(steal, total) jiffies of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[7], sum(fields[:8])  # user nice system idle iowait irq softirq steal
+
+
 def run_setting(setting: str) -> dict:
-    """One horovodrun inside a fresh namespace shaped to `setting`; returns the worker's JSON."""
+    """One horovodrun inside a fresh namespace shaped to `setting`; returns the worker's JSON, with
+    `cpu_steal`: the share of this machine's CPU time the host took for others during the run."""
     _ip("netns", "delete", NAMESPACE, check=False)
     _ip("netns", "add", NAMESPACE)
     try:
@@ -67,14 +75,18 @@ def run_setting(setting: str) -> dict:
                        f"--rounds={FLAGS.rounds}", f"--steps={FLAGS.steps}", f"--models={','.join(FLAGS.models)}"]
             if FLAGS.configs:
                 command.append(f"--configs={','.join(FLAGS.configs)}")
+            steal_before, total_before = _cpu_times()
             result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
+            steal_after, total_after = _cpu_times()
             if result.returncode != 0:
                 log = os.path.join(tempfile.gettempdir(), f"tfcomp_validation_{setting}.log")
                 with open(log, "w") as f:
                     f.write(result.stdout + "\n" + result.stderr)
                 raise RuntimeError(f"{setting}: horovodrun failed (whole output in {log})\n{result.stderr[-3000:]}")
             with open(out) as f:
-                return json.load(f)
+                data = json.load(f)
+            data["cpu_steal"] = (steal_after - steal_before) / max(total_after - total_before, 1)
+            return data
     finally:
         _ip("netns", "delete", NAMESPACE, check=False)
 
@@ -121,6 +133,9 @@ def summarise(by_setting: dict) -> tuple:
             checks[name + "_paired"] = statistics.median(
                 a / b for a, b in zip(top["samples_s"], bottom["samples_s"]))
     text = "\n".join(lines)
+    steal = [f"{setting} {100 * data['cpu_steal']:.0f} %" for setting, data in by_setting.items() if "cpu_steal" in data]
+    if steal:
+        text += "\n\nCPU time the host took for other machines during each setting (steal): " + ", ".join(steal) + "."
     text += ("\n\n| check | measured |\n|---|---|\n" + "\n".join(
         f"| {name} | {value:.3f} |" if "error" not in name else f"| {name} | {100 * value:.1f}% |"
         for name, value in checks.items()) +
@@ -138,7 +153,8 @@ def main(argv):
         by_setting[setting] = run_setting(setting)
     text, _ = summarise(by_setting)
     header = (f"Network validation, {datetime.date.today()}, {platform.node()} ({os.cpu_count()} vCPUs), "
-              f"2 workers, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps, medians. Command: "
+              f"2 workers, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps (many_small: 3x the rounds, "
+              f"4x the steps), medians. Command: "
               f"`python -m benchmarks.network_validation --settings={','.join(FLAGS.settings)} "
               f"--models={','.join(FLAGS.models)} --rounds={FLAGS.rounds} --steps={FLAGS.steps}"
               f"{' --configs=' + ','.join(FLAGS.configs) if FLAGS.configs else ''}`\n\n")

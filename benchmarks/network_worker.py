@@ -10,8 +10,9 @@ on a fixed batch of 32 per worker:
   many_small   40 Dense 128 -> 128 (tanh) layers and a Dense 128 -> 10: 0.66 M parameters in 82 tensors
 
 and these configurations, interleaved round by round (every round runs each configuration for
---steps steps, 4x as many for many_small; after one untimed round, the result is the median over --rounds rounds of the time
-per step):
+--steps steps, 4x as many for many_small; after one untimed round, the result is the median over
+--rounds rounds, 3x as many for many_small, of the time per step; each round starts one
+configuration later than the one before):
 
   compute        the same step without any exchange (plain SGD)
   compute_synced the same step ending in one allreduce of one float (the loss): the compute time
@@ -61,16 +62,18 @@ def many_small_model():
 
 
 MODELS = {"giant": (giant_model, 512, 16384), "many_small": (many_small_model, 128, 10)}
-STEP_FACTOR = {"giant": 1, "many_small": 4}  # many_small steps are short and noisy: time 4x as many
+# many_small steps are short and noisy: each round times 4x as many, and it runs 3x as many rounds.
+STEP_FACTOR = {"giant": 1, "many_small": 4}
+ROUND_FACTOR = {"giant": 1, "many_small": 3}
 
 
 SYNCED = "synced"  # no exchange, one tiny allreduce at the end of the step
+COMPUTE_CONFIGS = {"compute": None, "compute_synced": SYNCED}  # the steps without a gradient exchange
 
 
 def configurations(model_name):
     configs = {
-        "compute": None,
-        "compute_synced": SYNCED,
+        **COMPUTE_CONFIGS,
         "horovod_dense": lambda opt: hvd.DistributedOptimizer(opt, compression=hvd.Compression.none),
         "dragonn": lambda opt: hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(RATIO, strategy="allgather")),
         "plan": lambda opt: hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(RATIO)),
@@ -151,8 +154,14 @@ def main():
     for key, trainer in trainers.items():  # one untimed round: every configuration warm, in round order
         barrier()
         trainer.run(steps[key])
-    for _ in range(args.rounds):
-        for key, trainer in trainers.items():
+    order = list(trainers)
+    for round_number in range(args.rounds * max(ROUND_FACTOR.values())):
+        # Each round starts one configuration further on, so that none always runs in the same place.
+        shift = round_number % len(order)
+        for key in order[shift:] + order[:shift]:
+            if round_number >= args.rounds * ROUND_FACTOR[key[0]]:
+                continue
+            trainer = trainers[key]
             barrier()
             start = time.perf_counter()
             trainer.run(steps[key])
@@ -171,7 +180,7 @@ def main():
 def predict(results, trainers):
     """Adds predicted_s (T_comp + predicted exchange) and the plan's figures to every result."""
     for r in results:
-        if r["config"].startswith("compute"):
+        if r["config"] in COMPUTE_CONFIGS:
             continue
         exchange = trainers[r["model"], r["config"]].exchange
         if r["config"] == "per_tensor":  # planning="off" made no calibration: price it with the plan's figures

@@ -268,6 +268,7 @@ def check_planning(report):
     finally:
         tfcomp.calibration._measure = original_measure
 
+    # No cache: the next two exchanges measure their own figures.
     original_cache = os.environ.get(tfcomp.calibration.CACHE_ENV)
     os.environ[tfcomp.calibration.CACHE_ENV] = "none"
 
@@ -288,6 +289,28 @@ def check_planning(report):
         report["plan/perturbed_finite"] = bool(all(np.all(np.isfinite(r.numpy())) for r in reduced))
     finally:
         tfcomp.calibration._measure = original_measure
+
+    # Rank 0's first network figures are those of a slow spell (1 s a collective): its compression
+    # probes cannot be explained by them, and every rank measures both once more.
+    original_networks = tfcomp.calibration._measure_networks
+    network_measurements = []
+
+    def slow_spell_first_on_rank_0(*args, **kwargs):
+        model = original_networks(*args, **kwargs)
+        network_measurements.append(1)
+        if hvd.rank() == 0 and len(network_measurements) == 1:
+            slow = tfcomp.cost_model.Network(1.0, model.allgather.bandwidth)
+            return dataclasses.replace(model, allreduce=slow, allgather=slow)
+        return model
+
+    tfcomp.calibration._measure_networks = slow_spell_first_on_rank_0
+    try:
+        exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.02))
+        exchange(grads, variables)
+        report["plan/network_measurements_after_slow_spell"] = len(network_measurements)
+        report["plan/after_slow_spell_cluster"] = exchange.plan.cluster.to_list()
+    finally:
+        tfcomp.calibration._measure_networks = original_networks
         if original_cache is None:
             del os.environ[tfcomp.calibration.CACHE_ENV]
         else:

@@ -73,15 +73,67 @@ def compressor_with_min_elements_1(compressor):
     return forced
 
 
+@pytest.mark.parametrize("spell", [3.0, 0.2])
+def test_a_block_far_from_the_others_is_left_out_and_the_rest_pooled_in_round_order(rng, spell):
+    """A slow spell (3x) or an odd fast block (0.2x) is dropped; of three like blocks, one end."""
+    blocks = [{"a": rng.uniform(1.0, 1.1, 5), "b": rng.uniform(2.0, 2.2, 5)} for _ in range(3)]
+    odd = int(rng.integers(3))
+    blocks[odd] = {name: v * spell for name, v in blocks[odd].items()}
+    pooled = calibration._pool_without_outlier(blocks)
+    others = [b for i, b in enumerate(blocks) if i != odd]
+    assert set(pooled) == {"a", "b"} and len(pooled["a"]) == 10
+    for name in pooled:  # the kept blocks' rounds, each block's in order (pairs stay pairs)
+        assert sorted(pooled[name]) == sorted(np.concatenate([b[name] for b in others]))
+        halves = (list(pooled[name][:5]), list(pooled[name][5:]))
+        assert all(list(b[name]) in halves for b in others)
+    alike = [{"a": np.full(3, x)} for x in (1.0, 1.5, 3.0)]
+    assert sorted(calibration._pool_without_outlier(alike)["a"]) == [1.0] * 3 + [1.5] * 3
+
+
 def test_measured_compression_is_a_positive_affine_fit():
     figures = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16)
     fit = figures.encode_decode
     assert fit.c1 > 0 and fit.c0 >= 0 and figures.per_tensor >= 0 and figures.merge_per_element >= 0
     assert figures.fixed >= 0
     assert fit(2**16) > fit(2**12)
+    assert figures.explained  # nothing communicated, nothing subtracted
     applied = figures.apply(cm.ClusterModel.unpriced(2))
     assert (applied.encode_decode, applied.compression_per_tensor, applied.merge_per_element,
-            applied.compression_fixed) == tuple(figures)
+            applied.compression_fixed) == tuple(figures)[:4]
+
+
+def test_compression_is_priced_at_whole_times_when_the_network_cannot_explain_them():
+    # A network measured in a slow spell: its modelled communication (over 1 s a collective) exceeds
+    # what the probes took, so subtracting it would price compression at 0.
+    slow = cm.Network(1.0, 1e6)
+    network = cm.ClusterModel(2, slow, slow, cm.AffineCost(0.0, 0.0))
+    figures = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16, network, LocalCollectives(2))
+    assert not figures.explained
+    fit = figures.encode_decode
+    assert fit.c1 > 0 and fit(2**20) + figures.fixed > 0 and figures.fixed < 1.0  # the probes' own times, not 0
+
+
+def probe_times(rng, seconds_of_size, rounds=10):
+    """Synthetic probe times {name: [rounds]} for the probes of a largest size of 2^20 elements."""
+    sizes = (2**12, 2**16, 2**20)
+    elements = {**{n: n for n in sizes}, "buckets": 8 * 2**12, "many": 2**16, "merged": 2**20}
+    return sizes, {name: seconds_of_size(n) * rng.uniform(0.98, 1.02, rounds) for name, n in elements.items()}
+
+
+def test_whole_times_that_do_not_grow_with_size_still_price_every_element(rng):
+    # A machine so loaded that every probe took about 23 ms whatever its size (seen in CI; here
+    # the larger ones a little less, so that the fitted slope is 0).
+    sizes, times = probe_times(rng, lambda n: 0.024 - 1e-9 * n)
+    figures = calibration._compression_figures(times, sizes, 2**20, explained=False)
+    largest = float(np.median(times[2**20]))
+    assert figures.encode_decode.c1 == pytest.approx(largest / 2**20)
+    assert figures.encode_decode(2**20) + figures.fixed >= largest  # an upper bound
+    # Explained times are fitted as they are: a slope of 0 is what the caller rejects.
+    assert calibration._compression_figures(times, sizes, 2**20, explained=True).encode_decode.c1 == 0.0
+    # Times that do grow keep their fitted slope.
+    sizes, times = probe_times(rng, lambda n: 0.002 + 1e-8 * n)
+    grown = calibration._compression_figures(times, sizes, 2**20, explained=False)
+    assert grown.encode_decode.c1 == pytest.approx(1e-8, rel=0.1)
 
 
 def global_process_set():
@@ -107,8 +159,16 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
     (tmp_path / "broken.json").write_text("{not json")
     assert calibration._read_cache(str(tmp_path / "broken.json"), "key-a") is None
     ps = global_process_set()
-    assert calibration.cache_key(tfcomp.DRAGONN(0.01), ps) != calibration.cache_key(tfcomp.DRAGONN(0.02), ps)
-    assert calibration.cache_key(tfcomp.DRAGONN(0.01), ps) == calibration.cache_key(tfcomp.DRAGONN(0.01), ps)
+
+    def key(elements, ratio=0.01):
+        return calibration.cache_key(tfcomp.DRAGONN(ratio), ps, elements)
+
+    assert key(2**20) == key(2**20)
+    assert key(2**20) != key(2**20, ratio=0.02)
+    assert key(2**20) != key(2**20 + 4)  # a probe's size changes
+    # Below 1 MiB and above 2^25 elements the probes are the same size.
+    assert key(10) == key(2**17)
+    assert key(2**25) == key(2**30)
     monkeypatch.setenv(calibration.CACHE_ENV, "none")
     assert calibration._cache_path() is None
     monkeypatch.setenv(calibration.CACHE_ENV, path)

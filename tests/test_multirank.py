@@ -123,6 +123,12 @@ def test_plan_is_the_same_on_every_rank(reports):
     assert set(reports[0]["plan/strategies"]) <= {"dense", "allgather", "artopk"}
 
 
+def test_network_figures_that_cannot_explain_the_compression_probes_are_measured_again(reports):
+    assert all(r["plan/network_measurements_after_slow_spell"] == 2 for r in reports)
+    cluster = ClusterModel.from_list(reports[0]["plan/after_slow_spell_cluster"])
+    assert cluster.allgather.latency < 1.0 and cluster.encode_decode(2**20) > 0
+
+
 def test_calibration_is_cached_and_reused(reports):
     assert all(r["plan/measured_after_first"] == 1 and r["plan/measured_after_second"] == 1 for r in reports)
     assert all(r["plan/cached_cluster_equal"] for r in reports)

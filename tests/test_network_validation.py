@@ -44,6 +44,15 @@ def test_summary_reports_errors_and_checks(rng):
     assert checks["1gbit_giant_horovod_over_plan"] == pytest.approx(6.0)
     assert checks["1gbit_many_small_per_tensor_over_plan"] == pytest.approx(0.02 / 0.015)
     assert text.count("| unshaped |") == 11 and "| 1gbit | 0.50 | giant | dragonn | allgather |" in text
+    assert "steal" not in text  # no figure measured, no line
+
+
+def test_summary_states_the_cpu_time_the_host_took():
+    by_setting = {"unshaped": setting(0.08, 0.1, 0.02, 0.021, 0.03, [0.0] * 4),
+                  "1gbit": setting(0.6, 0.1, 0.05, 0.015, 0.02, [0.0] * 4)}
+    by_setting["unshaped"]["cpu_steal"], by_setting["1gbit"]["cpu_steal"] = 0.034, 0.41
+    text, _ = summarise(by_setting)
+    assert "(steal): unshaped 3 %, 1gbit 41 %." in text
 
 
 def test_paired_ratio_is_the_median_of_ratios_round_by_round():
