@@ -90,8 +90,9 @@ def test_a_block_far_from_the_others_is_left_out_and_the_rest_pooled_in_round_or
     assert sorted(calibration._pool_without_outlier(alike)["a"]) == [1.0] * 3 + [1.5] * 3
 
 
-def test_measured_compression_is_a_positive_affine_fit():
-    figures = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16)
+@pytest.mark.parametrize("tensor_elements", [(), (4096, 64) * 20], ids=["unknown tensors", "own merge probe"])
+def test_measured_compression_is_a_positive_affine_fit(tensor_elements):
+    figures = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16, tensor_elements=tensor_elements)
     fit = figures.encode_decode
     assert fit.c1 > 0 and fit.c0 >= 0 and figures.per_tensor >= 0 and figures.merge_per_element >= 0
     assert figures.fixed >= 0
@@ -113,27 +114,58 @@ def test_compression_is_priced_at_whole_times_when_the_network_cannot_explain_th
     assert fit.c1 > 0 and fit(2**20) + figures.fixed > 0 and figures.fixed < 1.0  # the probes' own times, not 0
 
 
-def probe_times(rng, seconds_of_size, rounds=10):
-    """Synthetic probe times {name: [rounds]} for the probes of a largest size of 2^20 elements."""
-    sizes = (2**12, 2**16, 2**20)
-    elements = {**{n: n for n in sizes}, "buckets": 8 * 2**12, "many": 2**16, "merged": 2**20}
-    return sizes, {name: seconds_of_size(n) * rng.uniform(0.98, 1.02, rounds) for name, n in elements.items()}
+MERGED_FALLBACK = calibration._merge_probe(2**20)  # 2^20 elements as 8 tensors
+
+
+def probe_times(rng, seconds_of_size, merged=MERGED_FALLBACK, merged_extra=0.0, rounds=10):
+    """Synthetic probe times {name: [rounds]} for the probes of a largest size of 2^20 elements
+    (each `seconds_of_size` of its elements, +-2 %), with the merge probe of tensors `merged`
+    taking `merged_extra` seconds more than one tensor of their total."""
+    sizes = sorted({2**12, 2**16, 2**20, sum(merged)})
+    elements = {**{n: n for n in sizes}, "buckets": 8 * 2**12, "many": 2**16, "merged": sum(merged)}
+    times = {name: seconds_of_size(n) * rng.uniform(0.98, 1.02, rounds) for name, n in elements.items()}
+    times["merged"] = times[sum(merged)] + merged_extra
+    return sizes, times
 
 
 def test_whole_times_that_do_not_grow_with_size_still_price_every_element(rng):
     # A machine so loaded that every probe took about 23 ms whatever its size (seen in CI; here
     # the larger ones a little less, so that the fitted slope is 0).
     sizes, times = probe_times(rng, lambda n: 0.024 - 1e-9 * n)
-    figures = calibration._compression_figures(times, sizes, 2**20, explained=False)
+    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=False)
     largest = float(np.median(times[2**20]))
     assert figures.encode_decode.c1 == pytest.approx(largest / 2**20)
     assert figures.encode_decode(2**20) + figures.fixed >= largest  # an upper bound
     # Explained times are fitted as they are: a slope of 0 is what the caller rejects.
-    assert calibration._compression_figures(times, sizes, 2**20, explained=True).encode_decode.c1 == 0.0
+    explained = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=True)
+    assert explained.encode_decode.c1 == 0.0
     # Times that do grow keep their fitted slope.
     sizes, times = probe_times(rng, lambda n: 0.002 + 1e-8 * n)
-    grown = calibration._compression_figures(times, sizes, 2**20, explained=False)
+    grown = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=False)
     assert grown.encode_decode.c1 == pytest.approx(1e-8, rel=0.1)
+
+
+def test_merge_probe_is_the_gradients_own_tensors_where_they_fit():
+    own = [16384, 128] * 41  # many_small of benchmarks/network_worker.py: 82 tensors
+    assert calibration._merge_probe(2**20, own) == tuple(own)
+    assert calibration._merge_probe(2**20, np.array(own, dtype=np.int64)) == tuple(own)
+    # One tensor, more than 512, fewer than 2^16 or more than 2^22 elements: the largest size in 8.
+    for other in ([], [2**20], [128] * 513, [1000] * 60, [2**20] * 5):
+        assert calibration._merge_probe(2**20, other) == MERGED_FALLBACK
+    assert len(MERGED_FALLBACK) == 8 and sum(MERGED_FALLBACK) == 2**20
+    assert sum(calibration._merge_probe(2**22 - 8)) == 2**22 - 8
+
+
+@pytest.mark.parametrize("tensors", [[16384, 128] * 41, [50000, 70000, 30000]])
+def test_merge_cost_is_what_the_own_bucket_adds_beyond_its_per_tensor_costs(rng, tensors):
+    per_tensor, merge = float(rng.uniform(1e-5, 3e-5)), float(rng.uniform(1e-9, 4e-9))
+    total = sum(tensors)
+    extra = (len(tensors) - 1) * per_tensor + merge * total
+    sizes, times = probe_times(rng, lambda n: 0.001 + 1e-8 * n, tuple(tensors), extra)
+    times["many"] = times[2**16] + 63 * per_tensor  # the per-tensor probe: 64 tensors against one
+    figures = calibration._compression_figures(times, sizes, 2**20, tuple(tensors), explained=True)
+    assert figures.per_tensor == pytest.approx(per_tensor)
+    assert figures.merge_per_element == pytest.approx(merge)
 
 
 def global_process_set():
@@ -169,6 +201,10 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
     # Below 1 MiB and above 2^25 elements the probes are the same size.
     assert key(10) == key(2**17)
     assert key(2**25) == key(2**30)
+    # The merge probe: the gradients' own tensors where it takes them, else the size alone counts.
+    own = [16384, 128] * 41
+    assert calibration.cache_key(tfcomp.DRAGONN(0.01), ps, sum(own), own) != key(sum(own))
+    assert calibration.cache_key(tfcomp.DRAGONN(0.01), ps, 2**23, [2**21] * 4) == key(2**23)
     monkeypatch.setenv(calibration.CACHE_ENV, "none")
     assert calibration._cache_path() is None
     monkeypatch.setenv(calibration.CACHE_ENV, path)

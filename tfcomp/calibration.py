@@ -56,6 +56,9 @@ _LARGE_ROUNDS_ELEMENTS = 2**23  # the large collectives run about a third of thi
 _ENCODE_SIZES = (2**12, 2**16, 2**20, 2**22)
 _PER_TENSOR_PROBE_ELEMENTS = 2**16  # one of _ENCODE_SIZES
 _PER_TENSOR_PROBE_TENSORS = 64
+# The merge probe is one bucket of the gradients' own tensors where they are this many and this large.
+_OWN_MERGE_PROBE_TENSORS = (2, 512)
+_OWN_MERGE_PROBE_ELEMENTS = (_PER_TENSOR_PROBE_ELEMENTS, _ENCODE_SIZES[-1])
 # Rounds per block (three blocks, the outlying one left out) of the compression probes: short ones (fewer
 # than _MIN_LARGEST_PROBE elements), and long ones with a largest probe of 2^22 elements (more for
 # smaller ones, up to as many as the short ones).
@@ -151,6 +154,18 @@ def _network_probe_elements(elements: int) -> tuple:
     for the allgather, whose payloads are compressed."""
     allreduce = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS) // _LARGE_PARTS * _LARGE_PARTS
     return allreduce, min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
+
+
+def _merge_probe(largest: int, tensor_elements=()) -> tuple:
+    """The tensor sizes of the merge probe's one bucket: the gradients' own (`tensor_elements`,
+    ints), where they are 2 to 512 tensors of 2^16 to 2^22 elements in all, since what a bucket of
+    many tensors costs beyond its per-tensor costs grows faster than its elements (its working set
+    leaves the cache); otherwise `largest` elements as 8 tensors."""
+    sizes = tuple(int(n) for n in tensor_elements)
+    (fewest, most), (least, greatest) = _OWN_MERGE_PROBE_TENSORS, _OWN_MERGE_PROBE_ELEMENTS
+    if fewest <= len(sizes) <= most and least <= sum(sizes) <= greatest:
+        return sizes
+    return (largest // 8,) * 7 + (largest - 7 * (largest // 8),)
 
 
 def _largest_compression_probe(max_elements: int) -> int:
@@ -253,7 +268,7 @@ class CompressionFigures(NamedTuple):
                                    merge_per_element=self.merge_per_element, compression_fixed=self.fixed)
 
 
-def _compression_figures(seconds: dict, sizes, largest: int, explained: bool) -> CompressionFigures:
+def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, explained: bool) -> CompressionFigures:
     """The figures from the probes' compression times ({name: float64 [rounds] seconds}, paired round
     by round) as `measure_compression` describes them. Unexplained (whole) times that do not grow
     with the size (a machine so loaded that the noise hides the work) get the slope of the line
@@ -264,14 +279,16 @@ def _compression_figures(seconds: dict, sizes, largest: int, explained: bool) ->
         single = AffineCost(single.c0, float(np.median(seconds[largest])) / largest)
     per_bucket = max(np.median(seconds["buckets"] - seconds[small]) / 7 - single.c1 * small, 0.0)
     per_tensor = max(np.median(seconds["many"] - seconds[_PER_TENSOR_PROBE_ELEMENTS]), 0.0) / (_PER_TENSOR_PROBE_TENSORS - 1)
-    merge = max(np.median(seconds["merged"] - seconds[largest]) - 7 * per_tensor, 0.0) / largest
+    merged_elements = sum(merged)
+    merge = max(np.median(seconds["merged"] - seconds[merged_elements]) - (len(merged) - 1) * per_tensor,
+                0.0) / merged_elements
     fixed = max(single.c0 - per_bucket - per_tensor, 0.0)
     return CompressionFigures(AffineCost(float(per_bucket), single.c1), float(per_tensor), float(merge), float(fixed),
                               explained)
 
 
 def measure_compression(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
-                        collectives=None) -> CompressionFigures:
+                        collectives=None, tensor_elements=()) -> CompressionFigures:
     """The work of compressed buckets in the exchange itself (accumulate, encode, local decode,
     residual, collective, decode of all payloads), each probe one graph call, the probes interleaved.
     With `collectives` (Horovod's, on every rank at once) and the calibrated `network`, a step's
@@ -286,8 +303,10 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     adds beyond its elements (8 small buckets against 1). Per tensor: 64 tensors of 2^10 elements
     in one bucket against one tensor of 2^16 (short calls, so the difference of 63 per-tensor
     costs stands out of the noise; merging 2^16 elements costs next to nothing). Per merged
-    element: the largest size as 8 tensors against one tensor, less 7 per-tensor costs, measured
-    at the size of the largest bucket, where merging costs the most."""
+    element: one bucket of the gradients' own tensors (`tensor_elements`, ints in backprop order)
+    against one tensor of their total, less their per-tensor costs; where the gradients are too
+    few or too large for that (`_merge_probe`), the largest size as 8 tensors, measured at the size
+    of the largest bucket, where merging costs the most."""
     from tfcomp.exchange import HorovodCollectives, LocalCollectives
 
     if collectives is None:
@@ -296,11 +315,12 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     network = dataclasses.replace(network, encode_decode=AffineCost(0.0, 0.0), compression_per_tensor=0.0,
                                   merge_per_element=0.0, compression_fixed=0.0)
     largest = _largest_compression_probe(max_elements)
-    sizes = sorted({s for s in _ENCODE_SIZES if s < largest} | {largest})
+    merged = _merge_probe(largest, tensor_elements)
+    sizes = sorted({s for s in _ENCODE_SIZES if s < largest} | {largest, sum(merged)})
     small = sizes[0]
     plans = {**{n: [[n]] for n in sizes}, "buckets": [[small]] * 8,
              "many": [[_PER_TENSOR_PROBE_ELEMENTS // _PER_TENSOR_PROBE_TENSORS] * _PER_TENSOR_PROBE_TENSORS],
-             "merged": [[largest // 8] * 7 + [largest - 7 * (largest // 8)]]}
+             "merged": [list(merged)]}
     probes = {name: _exchange_probe(compressor, network, collectives, buckets) for name, buckets in plans.items()}
     barrier = _barrier(collectives.process_set) if isinstance(collectives, HorovodCollectives) else None
     # Short calls are noisy and cheap, long ones steadier and costly: each set its own rounds (the
@@ -312,17 +332,20 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
                       if (sum(map(sum, plans[name])) >= _MIN_LARGEST_PROBE) == long_calls}, rounds))
     times = _without_outlying_block(sets, barrier)
     figures = _compression_figures({name: times[name] - communication for name, (_, communication) in probes.items()},
-                                   sizes, largest, explained=True)
+                                   sizes, largest, merged, explained=True)
     if figures.encode_decode.c1 > 0 and np.median(times[largest]) > probes[largest][1]:
         return figures
-    return _compression_figures(times, sizes, largest, explained=False)
+    return _compression_figures(times, sizes, largest, merged, explained=False)
 
 
-def cache_key(compressor, process_set, max_elements: int) -> str:
+def cache_key(compressor, process_set, max_elements: int, tensor_elements=()) -> str:
     """What the cached figures depend on; any change measures again. Of `max_elements` (the
-    gradients' size), the probe sizes it gives: they follow it from 2^18 to 2^25 elements."""
+    gradients' size) and `tensor_elements` (their tensors' sizes), the probe sizes they give: these
+    follow the size from 2^18 to 2^25 elements, and the merge probe is the tensors' own list
+    where `_merge_probe` takes it."""
     layout = [hvd.size(), hvd.local_size(), hvd.cross_size(), process_set.size()]
-    probes = (*_network_probe_elements(max_elements), _largest_compression_probe(max_elements))
+    largest = _largest_compression_probe(max_elements)
+    probes = (*_network_probe_elements(max_elements), largest, _merge_probe(largest, tensor_elements))
     parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count()), str(layout),
              tf.__version__, _tfcomp_version(), repr(compressor), str(probes)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
@@ -365,7 +388,7 @@ def _write_cache(path, key, model: ClusterModel) -> None:
         print(f"tfcomp: could not write the calibration cache {path}: {error}", flush=True)
 
 
-def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
+def _measure(compressor, process_set, max_elements: int, tensor_elements=()) -> ClusterModel:
     """This rank's measurements (every rank runs the same collectives in the same order). When rank
     0's network figures do not explain its compressed probes' times (a slow spell while the network
     was measured), every rank measures both once more, and keeps the second figures whatever they are."""
@@ -376,7 +399,8 @@ def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
     collectives = HorovodCollectives(process_set)
     for attempt in range(_MEASUREMENT_ATTEMPTS):
         network = _measure_networks(process_set, max_elements)
-        figures = measure_compression(compressor, process_set.size(), max_elements, network, collectives)
+        figures = measure_compression(compressor, process_set.size(), max_elements, network, collectives,
+                                      tensor_elements)
         if _rank0_value(float(figures.explained), process_set) == 1.0:
             break
         if process_set.rank() == 0:
@@ -386,16 +410,18 @@ def _measure(compressor, process_set, max_elements: int) -> ClusterModel:
     return figures.apply(network)
 
 
-def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23) -> ClusterModel:
-    """The cluster's figures, rank 0's on every rank. Runs eagerly; every rank of `process_set` must
-    call it at the same point (the exchange does, on its first step)."""
+def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23,
+              tensor_elements=()) -> ClusterModel:
+    """The cluster's figures, rank 0's on every rank, for gradients of `max_elements` float32 in
+    tensors of `tensor_elements` (ints in backprop order; empty: unknown). Runs eagerly; every rank
+    of `process_set` must call it at the same point (the exchange does, on its first step)."""
     workers = process_set.size()
     if workers == 1:
         return ClusterModel.unpriced(1)
-    path, key = _cache_path(), cache_key(compressor, process_set, max_elements)
+    path, key = _cache_path(), cache_key(compressor, process_set, max_elements, tensor_elements)
     cached = _read_cache(path, key) if path and process_set.rank() == 0 else None
     if _rank0_value(0.0 if cached is None else 1.0, process_set) == 0.0:
-        model = _measure(compressor, process_set, max_elements)
+        model = _measure(compressor, process_set, max_elements, tensor_elements)
         if path and process_set.rank() == 0:
             _write_cache(path, key, model)
     else:

@@ -249,7 +249,8 @@ class GradientExchange(tf.Module):
                 if self._cluster is None:
                     start = time.perf_counter()
                     self._cluster = calibration.calibrate(self.compressor, self.process_set,
-                                                          max_elements=sum(n for _, _, n in tensors))
+                                                          max_elements=sum(n for _, _, n in tensors),
+                                                          tensor_elements=[n for _, _, n in tensors])
                     self.calibration_seconds = time.perf_counter() - start
                 plan = planning.make_plan(tensors, self.compressor, self._cluster)
             if self.process_set.size() > 1:

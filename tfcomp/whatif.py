@@ -116,9 +116,9 @@ def predict(elements: int, compressor, cluster: cm.ClusterModel, compute_seconds
     return {"strategies": rows, "choice": choice}
 
 
-def _cluster(args, network: cm.Network, compressor, elements: int) -> cm.ClusterModel:
+def _cluster(args, network: cm.Network, compressor, tensors: list) -> cm.ClusterModel:
     """The model the prediction uses: `network` for both collectives, and the compression's figures
-    from --encode-ms (all of it, per bucket) or measured here."""
+    from --encode-ms (all of it, per bucket) or measured here on `tensors` ([(name, elements)])."""
     cluster = cm.ClusterModel(args.workers, network, network, cm.AffineCost(0.0, 0.0))
     if args.encode_ms is not None:
         if not (math.isfinite(args.encode_ms) and args.encode_ms >= 0):
@@ -126,7 +126,8 @@ def _cluster(args, network: cm.Network, compressor, elements: int) -> cm.Cluster
         return dataclasses.replace(cluster, encode_decode=cm.AffineCost(args.encode_ms / 1e3, 0.0))
     from tfcomp import calibration
 
-    return calibration.measure_compression(compressor, args.workers, elements).apply(cluster)
+    sizes = [n for _, n in reversed(tensors)]  # backprop order
+    return calibration.measure_compression(compressor, args.workers, sum(sizes), tensor_elements=sizes).apply(cluster)
 
 
 def _plot(path: str, elements: int, tensors: int, compressor, cluster: cm.ClusterModel, compute_seconds: float) -> None:
@@ -187,7 +188,7 @@ def _run(argv) -> int:
     tensors = [("params", args.params)] if args.params is not None else _load_profile(args.profile)
     elements = sum(n for _, n in tensors)
     compressor = _make_compressor(args.compressor, args.ratio)
-    cluster = _cluster(args, network, compressor, elements)
+    cluster = _cluster(args, network, compressor, tensors)
     result = predict(elements, compressor, cluster, args.compute_ms / 1e3, tensors=len(tensors))
     if args.json:
         print(json.dumps(result))
