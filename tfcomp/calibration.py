@@ -1,6 +1,6 @@
 """Calibration of the cost model on the running cluster, at start-up, in a few seconds.
 
-`calibrate(compressor, process_set, max_elements)` returns a `tfcomp.cost_model.ClusterModel`:
+`calibrate(compressor, process_set, max_elements, tensor_elements)` returns a `tfcomp.cost_model.ClusterModel`:
 
   * the allreduce and allgather networks: latency from a tiny collective (one float32), bandwidth
     from a large one (the size of the gradients, 1 to 16 MiB; an eighth of that for the allgather),
@@ -11,7 +11,8 @@
     element costs), fitted to the times of compressed buckets in the exchange itself (accumulate
     with the residual, encode, local decode, new residual, the real collective, decode of all K
     workers' payloads) less the collective's modelled time, at sizes from 2^12 up to the largest
-    bucket (at most 2^22). Where that modelled time does not fit the measured ones (the network was
+    bucket (at most 2^22); the merge cost from a bucket of the gradients' own tensors
+    (`tensor_elements`) where they are few and small enough. Where that modelled time does not fit the measured ones (the network was
     measured in a slow spell), network and compression are measured once more; if they still do
     not fit, compression is priced at the probes' whole times (an upper bound).
 
@@ -24,8 +25,8 @@ Every rank measures (so that the figures include the contention of all workers c
 and rank 0's figures are broadcast, so every rank plans from the same numbers. Rank 0 caches them
 in a JSON file (`TFCOMP_CALIBRATION_CACHE`, default `~/.cache/tfcomp/calibration.json`; "none"
 turns the cache off) keyed by the machine (rank 0's host name and CPU), the world layout, the
-TensorFlow and tfcomp versions, the compressor's settings and the gradients' size (as far as it
-sizes the probes); a change of any of them measures again.
+TensorFlow and tfcomp versions, the compressor's settings and the gradients' sizes (as far as they
+size the probes); a change of any of them measures again.
 """
 
 from __future__ import annotations
