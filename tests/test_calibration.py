@@ -149,8 +149,9 @@ def test_merge_probe_is_the_gradients_own_tensors_where_they_fit():
     own = [16384, 128] * 41  # many_small of benchmarks/network_worker.py: 82 tensors
     assert calibration._merge_probe(2**20, own) == tuple(own)
     assert calibration._merge_probe(2**20, np.array(own, dtype=np.int64)) == tuple(own)
-    # One tensor, more than 512, fewer than 2^16 or more than 2^22 elements: the largest size in 8.
-    for other in ([], [2**20], [128] * 513, [1000] * 60, [2**20] * 5):
+    # One tensor, more than 512, fewer than 2^16 or more than 2^22 elements, an empty one: the
+    # largest size in 8.
+    for other in ([], [2**20], [128] * 513, [1000] * 60, [2**20] * 5, [0, 70000, 70000]):
         assert calibration._merge_probe(2**20, other) == MERGED_FALLBACK
     assert len(MERGED_FALLBACK) == 8 and sum(MERGED_FALLBACK) == 2**20
     assert sum(calibration._merge_probe(2**22 - 8)) == 2**22 - 8
@@ -179,6 +180,13 @@ def test_one_worker_needs_no_measurement():
     model = calibration.calibrate(tfcomp.DRAGONN(), global_process_set())
     assert model.workers == 1 and model.encode_decode == cm.AffineCost(0.0, 0.0)
     assert cm.ring_allreduce(1e9, 1, model.allreduce) == 0.0
+
+
+@pytest.mark.parametrize("kwargs, message", [({"max_elements": 0}, "max_elements must be"),
+                                             ({"tensor_elements": [4096, -1]}, "tensor_elements must be")])
+def test_bad_calibration_arguments_name_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        calibration.calibrate(tfcomp.DRAGONN(), global_process_set(), **kwargs)
 
 
 def test_cache_round_trip_and_keys(tmp_path, monkeypatch):

@@ -12,9 +12,10 @@
     with the residual, encode, local decode, new residual, the real collective, decode of all K
     workers' payloads) less the collective's modelled time, at sizes from 2^12 up to the largest
     bucket (at most 2^22); the merge cost from a bucket of the gradients' own tensors
-    (`tensor_elements`) where they are few and small enough. Where that modelled time does not fit the measured ones (the network was
-    measured in a slow spell), network and compression are measured once more; if they still do
-    not fit, compression is priced at the probes' whole times (an upper bound).
+    (`tensor_elements`) where they are few and small enough. Where that modelled time does not fit
+    the measured ones (the network was measured in a slow spell), network and compression are
+    measured once more; if they still do not fit, compression is priced at the probes' whole times
+    (an upper bound).
 
 Everything is timed as training runs it: each call one graph, started right after a barrier (in
 training the previous step's collectives synchronise the workers), the probes of a kind
@@ -159,12 +160,12 @@ def _network_probe_elements(elements: int) -> tuple:
 
 def _merge_probe(largest: int, tensor_elements=()) -> tuple:
     """The tensor sizes of the merge probe's one bucket: the gradients' own (`tensor_elements`,
-    ints), where they are 2 to 512 tensors of 2^16 to 2^22 elements in all, since what a bucket of
-    many tensors costs beyond its per-tensor costs grows faster than its elements (its working set
-    leaves the cache); otherwise `largest` elements as 8 tensors."""
+    ints), where they are 2 to 512 tensors, none empty, of 2^16 to 2^22 elements in all, since what
+    a bucket of many tensors costs beyond its per-tensor costs grows faster than its elements (its
+    working set leaves the cache); otherwise `largest` elements as 8 tensors."""
     sizes = tuple(int(n) for n in tensor_elements)
     (fewest, most), (least, greatest) = _OWN_MERGE_PROBE_TENSORS, _OWN_MERGE_PROBE_ELEMENTS
-    if fewest <= len(sizes) <= most and least <= sum(sizes) <= greatest:
+    if fewest <= len(sizes) <= most and least <= sum(sizes) <= greatest and min(sizes) >= 1:
         return sizes
     return (largest // 8,) * 7 + (largest - 7 * (largest // 8),)
 
@@ -416,6 +417,10 @@ def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int 
     """The cluster's figures, rank 0's on every rank, for gradients of `max_elements` float32 in
     tensors of `tensor_elements` (ints in backprop order; empty: unknown). Runs eagerly; every rank
     of `process_set` must call it at the same point (the exchange does, on its first step)."""
+    if max_elements < 1:
+        raise ValueError(f"max_elements must be a number of float32 elements >= 1, got {max_elements}")
+    if any(n < 0 for n in tensor_elements):
+        raise ValueError(f"tensor_elements must be element counts >= 0, got {list(tensor_elements)}")
     workers = process_set.size()
     if workers == 1:
         return ClusterModel.unpriced(1)
