@@ -271,7 +271,7 @@ class GradientExchange(tf.Module):
         """The tensors reduced by one Horovod grouped allreduce per dtype: one op and one entry in
         Horovod's negotiation for the group, where Horovod's own optimizer has one per tensor (on
         the 82-tensor model of benchmarks/network_worker.py, unshaped, a step took 0.94 to 1.02 of
-        plain Horovod's in two validation runs: BENCHMARKS.md). The group starts once all its
+        plain Horovod's in four validation runs: BENCHMARKS.md). The group starts once all its
         tensors are ready."""
         prescale, postscale = self._dense_factors()
         compression = hvd.Compression.fp16 if isinstance(self.compressor, FP16) else hvd.Compression.none
