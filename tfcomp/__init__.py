@@ -16,6 +16,7 @@ asks the same model about other clusters.
 from tfcomp import calibration, cost_model, ops, planning
 from tfcomp.compressors import DGC, DRAGONN, FP16, QSGD, Compressor, EFSignSGD, NoCompression, RandomK, TopK
 from tfcomp.exchange import GradientExchange
+from tfcomp.horovod_glue import exchange_of
 from tfcomp.horovod_glue import install as _install_horovod_glue
 from tfcomp.optimizer import DistributedOptimizer
 from tfcomp.version import __version__
@@ -37,6 +38,7 @@ __all__ = [
     "__version__",
     "calibration",
     "cost_model",
+    "exchange_of",
     "ops",
     "planning",
 ]

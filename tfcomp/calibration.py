@@ -44,7 +44,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from tfcomp.collectives import HorovodCollectives, LocalCollectives
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
+from tfcomp.memory import ExchangeState
+from tfcomp.planning import Bucket, Plan, predicted_exchange_time
+from tfcomp.step import StepGraph
 
 __all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "calibrate", "measure_compression"]
 
@@ -231,20 +235,18 @@ def _exchange_probe(compressor, network: ClusterModel, collectives, buckets) -> 
     (lists of tensor sizes), each compressed with the compressor's own collective, and the
     communication the cost model gives that plan on `network` (0 with `LocalCollectives`, which
     send nothing)."""
-    from tfcomp.exchange import GradientExchange
-    from tfcomp.planning import Bucket, Plan, predicted_exchange_time
-
     strategy = "allreduce" if compressor.collective == "allreduce" else "allgather"
     sizes = [n for bucket in buckets for n in bucket]
     positions = iter(range(len(sizes)))
     plan = Plan(tuple(Bucket(tuple(next(positions) for _ in bucket), sum(bucket), strategy, StrategyTime(0.0, 0.0), 0.0)
                       for bucket in buckets),
                 {i: f"calibration_{i}" for i in range(len(sizes))}, compressor, network)
-    exchange = GradientExchange(compressor, plan=plan, collectives=collectives)
+    step = StepGraph(compressor, ExchangeState(), collectives)
     variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
     gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]
+    step.create_state(plan, gradients, variables)
     # With a network whose compression costs are 0, the plan's predicted time is its communication.
-    return _graph_call(lambda: exchange(gradients, variables)), predicted_exchange_time(plan)
+    return _graph_call(lambda: step(plan, gradients, variables)), predicted_exchange_time(plan)
 
 
 class CompressionFigures(NamedTuple):
@@ -309,8 +311,6 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     against one tensor of their total, less their per-tensor costs; where the gradients are too
     few or too large for that (`_merge_probe`), the largest size as 8 tensors, measured at the size
     of the largest bucket, where merging costs the most."""
-    from tfcomp.exchange import HorovodCollectives, LocalCollectives
-
     if collectives is None:
         collectives = LocalCollectives(num_workers)
         network = ClusterModel.unpriced(num_workers)
@@ -394,8 +394,6 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=()) -> 
     """This rank's measurements (every rank runs the same collectives in the same order). When rank
     0's network figures do not explain its compressed probes' times (a slow spell while the network
     was measured), every rank measures both once more, and keeps the second figures whatever they are."""
-    from tfcomp.exchange import HorovodCollectives
-
     if available_strategies(compressor) == ("dense",):
         return _measure_networks(process_set, max_elements)
     collectives = HorovodCollectives(process_set)

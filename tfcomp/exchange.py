@@ -1,117 +1,55 @@
-"""The compressed gradient exchange behind both entry points.
+"""The compressed gradient exchange behind every Horovod entry point.
 
-`GradientExchange` is what Horovod's Keras `DistributedOptimizer` calls as its "allreduce grads"
-function once `tfcomp` is imported and a tfcomp compressor is given (see `tfcomp.horovod_glue`).
-For a list of gradients it returns the list of reduced gradients, averaged or summed over the
-process set as `op` says. On the first call it makes the plan (`tfcomp.planning`): the floating-point
-dense gradients, in backprop order, split into buckets, each with a strategy; with planning="auto"
-from the cost model calibrated on the cluster (`tfcomp.calibration`), checked equal on all ranks and
-printed on rank 0. Every step then:
+`GradientExchange` is what Horovod's `DistributedOptimizer` (Keras and TF2) and
+`DistributedGradientTape` call as their "allreduce grads" function once `tfcomp` is imported and a
+tfcomp compressor is given (see `tfcomp.horovod_glue`). For a list of gradients and their sources
+(variables, or watched tensors) it returns the list of reduced gradients, averaged or summed over
+the process set as `op` says.
 
-  * compressed buckets: each tensor's gradient plus its error-feedback residual (or DGC momentum
-    correction), concatenated, encoded as one tensor (MergeComp), the remainder kept as the new
-    residuals; buckets of one strategy share one grouped collective: allgather (decoded by one
-    `sparse_batched_decode` of all K workers' payloads), allreduce (RandomK's shared indices), or
-    AR-Topk (the owner's indices broadcast, values at them allreduced); divided by K for Average;
-  * dense buckets: one Horovod grouped allreduce each (per dtype), and one more for the other dense
-    tensors, with Horovod's prescale/postscale factors (fp16 on the wire for `tfcomp.FP16()`): the
-    same reduction plain Horovod runs, with one op per bucket instead of one per tensor;
-  * `tf.IndexedSlices` (embeddings) unless `sparse_as_dense`: Horovod's sparse allreduce (allgather).
+The exchange owns three things, each in its own module:
+  * its state (`tfcomp.memory.ExchangeState`: residuals and step counter), created with the
+    exchange, outside any traced function, and tracked so that checkpoints carry it;
+  * a plan per list of gradients (`tfcomp.planner.Planner`: agreement across ranks, calibration,
+    bucket search, digest check), made once, eagerly, the first time the list is seen (printed
+    on rank 0), and reused by every later call and every retrace;
+  * the step graph (`tfcomp.step.StepGraph`) that runs a plan: inline when called inside a
+    `tf.function`, as a `tf.function` of its own when called eagerly.
 
-The first `compressor.warmup_steps` communicating steps send the compressible tensors dense (with
-their residuals, which are then cleared). Residuals are updated only when every reduced gradient is
-finite, so a step that a loss-scale optimizer skips leaves them untouched. A step counter, saved with
-the residuals, derives the per-step seeds, equal on all ranks.
+Gradients of float32, float16 and bfloat16 may be compressed; float64, integer and other gradients
+are reduced as Horovod reduces them (dense allreduce), as are `tf.IndexedSlices` (Horovod's sparse
+allgather) unless `sparse_as_dense`. The exchange runs in TF2 (eager or inside `tf.function`); TF1
+graph mode is refused at construction.
 """
 
 from __future__ import annotations
 
-import functools
-import time
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from tfcomp import calibration, ops, planning
-from tfcomp.compressors import Compressor, FP16
-from tfcomp.cost_model import ClusterModel
-from tfcomp.memory import ErrorFeedback
+from tfcomp.collectives import HorovodCollectives
+from tfcomp.compressors import FP16, Compressor
+from tfcomp.memory import ExchangeState
+from tfcomp.planner import Planner, TensorSignature
+from tfcomp.step import StepGraph, wire_bytes
 
-__all__ = ["GradientExchange", "HorovodCollectives", "LocalCollectives", "TensorRecord"]
+__all__ = ["COMPRESSIBLE_DTYPES", "GradientExchange", "TensorRecord", "check_tf2_mode"]
 
-
-def _grouped_by_dtype(collective, tensors, **kwargs):
-    """Runs a Horovod grouped collective (which needs one dtype per group) once per dtype, in order
-    of first appearance, and returns the results in the order of `tensors`."""
-    results = [None] * len(tensors)
-    dtypes = list(dict.fromkeys(t.dtype for t in tensors))
-    for dtype in dtypes:
-        positions = [i for i, t in enumerate(tensors) if t.dtype == dtype]
-        for i, r in zip(positions, collective([tensors[i] for i in positions], **kwargs)):
-            results[i] = r
-    return results
+COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
 
-class HorovodCollectives:
-    """The collectives of the compressed buckets, over a Horovod process set (lists are grouped)."""
-
-    def __init__(self, process_set):
-        self.process_set = process_set
-
-    @property
-    def size(self) -> int:
-        return self.process_set.size()
-
-    @property
-    def rank(self) -> int:
-        return self.process_set.rank()
-
-    def included(self) -> bool:
-        return self.process_set.included()
-
-    def allgather(self, tensors):
-        return _grouped_by_dtype(hvd.grouped_allgather, tensors, process_set=self.process_set)
-
-    def allreduce_sum(self, tensors):
-        return _grouped_by_dtype(hvd.grouped_allreduce, tensors, op=hvd.Sum, process_set=self.process_set)
-
-    def broadcast(self, tensor, root: int, name: str):
-        return hvd.broadcast(tensor, root, process_set=self.process_set, name=name)
-
-
-class LocalCollectives:
-    """Stand-ins that communicate nothing, for timing the compression work of `size` workers
-    (calibration): allgather returns this worker's tensor repeated `size` times, allreduce returns
-    it as it is, broadcast returns the tensor."""
-
-    def __init__(self, size: int):
-        self.size, self.rank = size, 0
-
-    def allgather(self, tensors):
-        return [tf.concat([t] * self.size, axis=0) for t in tensors]
-
-    def allreduce_sum(self, tensors):
-        return [tf.identity(t) for t in tensors]
-
-    def broadcast(self, tensor, root: int, name: str):
-        del root, name
-        return tf.identity(tensor)
-
-    def included(self) -> bool:
-        return True
-
-
-class _UntrackedFunction:
-    """Holds the exchange's tf.function out of sight of object tracking: SavedModel export would
-    otherwise retrace it in its own graph, where the variables it uses are stand-ins."""
-
-    def __init__(self, function):
-        self._function = function
-
-    def __call__(self, *args):
-        return self._function(*args)
+def check_tf2_mode() -> None:
+    """Raises RuntimeError in TF1 graph mode (eager execution disabled, or a tf.Graph as default
+    outside any tf.function), where the exchange's state and calibration cannot run."""
+    with tf.init_scope():
+        eager = tf.executing_eagerly()
+    if not eager:
+        raise RuntimeError(
+            "tfcomp runs in TensorFlow 2 modes only: eager execution and tf.function (Keras model.fit, "
+            "custom loops with or without @tf.function). TF1 graph mode (tf.compat.v1 sessions, "
+            "tf.compat.v1.disable_eager_execution(), or building under tf.Graph().as_default()) is not "
+            "supported; use Horovod's own compression there")
 
 
 @dataclass(frozen=True)
@@ -128,331 +66,192 @@ class TensorRecord:
     bucket: int = -1
 
 
-class _Payload(NamedTuple):
-    """One bucket's wire tensors, what decoding needs besides them, and the dense value of what this
-    worker sent (float32 [n], for error feedback; None without)."""
+class _UntrackedFunction:
+    """Holds a tf.function out of sight of object tracking: SavedModel export would otherwise
+    retrace it in its own graph, where the variables it uses are stand-ins."""
 
-    wire: tuple
-    context: object
-    sent: object
+    def __init__(self, function):
+        self._function = function
 
-
-def _concat(flats):
-    return flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
+    def __call__(self, *args):
+        return self._function(*args)
 
 
-def _split(flat, bucket, grads):
-    """The bucket's flat tensor cut back into its tensors' flat parts, in bucket order."""
-    if len(bucket.positions) == 1:
-        return [flat]
-    return tf.split(flat, [int(grads[i].shape.num_elements()) for i in bucket.positions])
+class _PlanEntry:
+    """A plan, the sources it was made for, and its eager step function (made on first eager use)."""
+
+    def __init__(self, plan, sources):
+        self.plan = plan
+        self.sources = sources
+        self.eager_step = None
 
 
-def _wire_bytes(compressor, bucket) -> int:
-    """Bytes one worker sends for a compressed bucket (AR-Topk: the values; the owner's indices too)."""
-    if bucket.strategy == "artopk":
-        return 4 * compressor.payload_length(bucket.elements)
-    return compressor.payload_bytes(bucket.elements)
+def _name(source, position: int) -> str:
+    return getattr(source, "name", None) or f"gradient_{position}"
+
+
+def _source_key(source, position: int, grad):
+    """What identifies a gradient's source across steps and traces: the variable itself, or, for
+    a watched tensor (a new object every step), its position, shape and dtype in the list."""
+    if isinstance(source, tf.Variable):
+        return source
+    return ("watched tensor", position, tuple(grad.shape), grad.dtype.name)
 
 
 class GradientExchange(tf.Module):
-    """Callable (grads, vars) -> reduced grads, with error feedback state tracked as a tf.Module.
+    """Callable (grads, sources) -> reduced grads, with its state tracked as a tf.Module.
 
     Args:
       compressor: a `tfcomp.Compressor`.
       op: `hvd.Average` or `hvd.Sum`.
-      gradient_predivide_factor: as in Horovod; applies to the tensors sent dense (the compressed
-        ones are summed in float32 by the decode and then divided by K).
+      gradient_predivide_factor: as in Horovod (finite, > 0); applies to the tensors sent dense
+        (the compressed ones are summed in float32 by the decode and then divided by K).
       sparse_as_dense: convert `tf.IndexedSlices` gradients to dense tensors first.
       process_set: the Horovod process set to reduce over.
       name: name scope of the exchange's ops.
-      plan: a fixed `tfcomp.planning.Plan` for the gradients it will see (default: made on the
-        first call); collectives: what the compressed buckets use (default: Horovod's over
-        process_set; calibration passes `LocalCollectives` to time the compression alone).
+      plan: a fixed `tfcomp.planning.Plan` for the gradients it will see (default: made by the
+        planner the first time a list of gradients is seen).
+      collectives: what the compressed buckets use (default: Horovod's over process_set).
     """
 
     def __init__(self, compressor: Compressor, *, op=hvd.Average, gradient_predivide_factor: float = 1.0,
                  sparse_as_dense: bool = False, process_set=hvd.global_process_set, name: str = "tfcomp",
                  plan=None, collectives=None):
+        check_tf2_mode()
         super().__init__(name=name.replace(">", "_"))
+        if not isinstance(compressor, Compressor):
+            raise TypeError(f"compressor must be a tfcomp.Compressor instance, got {compressor!r}")
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError(f"op must be hvd.Average or hvd.Sum for tfcomp compressors, got {op!r}")
+        factor = gradient_predivide_factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < float(factor) < float("inf"):
+            raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {factor!r}")
         self.compressor = compressor
         self.op = op
-        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.gradient_predivide_factor = float(factor)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
-        self.memory = ErrorFeedback()
-        with tf.init_scope():
-            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="communication_step")
-        self.collectives = collectives or HorovodCollectives(process_set)
-        self.records: tuple = ()
-        self.plan = plan
+        self.state = ExchangeState()
+        collectives = collectives or HorovodCollectives(process_set)
+        self._collectives = collectives
+        self._step_graph = StepGraph(compressor, self.state, collectives, op=op,
+                                     gradient_predivide_factor=self.gradient_predivide_factor, process_set=process_set)
+        self._planner = Planner(compressor, process_set, {
+            "op": int(op), "gradient_predivide_factor": self.gradient_predivide_factor,
+            "sparse_as_dense": self.sparse_as_dense})
+        self._fixed_plan = plan
         self._plans = {}
-        self._cluster = None
-        self.calibration_seconds = 0.0  # how long the first step's calibration took (0: cached or none)
-        self._graph_fn = _UntrackedFunction(tf.function(self._exchange, autograph=False))
+        self.plan = plan
+        self.records: tuple = ()
+
+    # -- state -------------------------------------------------------------------------------------
+
+    @property
+    def memory(self):
+        """The `tfcomp.memory.ErrorFeedback` of this exchange (residuals and DGC momenta)."""
+        return self.state.memory
+
+    @property
+    def step(self) -> tf.Variable:
+        """int64 scalar: communicating steps so far (restored with the residuals)."""
+        return self.state.step
+
+    @property
+    def calibration_seconds(self) -> float:
+        """How long the first plan's calibration took (0: cached, or none)."""
+        return self._planner.calibration_seconds
+
+    # -- Horovod's calling protocol ----------------------------------------------------------------
 
     def __call__(self, grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's signature)
         del use_generic_names
         grads = list(grads)
         if vars is None:
-            raise ValueError("tfcomp's exchange needs the variables of the gradients (for error feedback)")
-        if not self.collectives.included():
+            raise ValueError("tfcomp's exchange needs the sources of the gradients (variables or watched tensors)")
+        sources = list(vars)
+        if len(sources) != len(grads):
+            raise ValueError(f"got {len(grads)} gradients for {len(sources)} sources (variables or watched "
+                             "tensors): give one gradient (or None) per source")
+        if not self._collectives.included():
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
-        grads_in = [self._densify(grads[i], vars[i]) for i in present]
-        vars_in = [vars[i] for i in present]
-        plan = self._plan_for(grads_in, vars_in)
-        # Memory is created here, outside the exchange's tf.function, so that a variable whose
-        # gradient first appears on a later call (a retrace) can still get its residual.
-        if self.compressor.error_feedback:
-            for bucket in plan.compressed:
-                for position in bucket.positions:
-                    self.memory.residual(vars_in[position], grads_in[position].shape.num_elements(),
-                                         with_momentum=self.compressor.momentum is not None)
-        reduced = self._graph_fn(grads_in, vars_in)
+        grads_in = [self._densify(grads[i], sources[i]) for i in present]
+        keys = [_source_key(sources[i], n, g) for n, (i, g) in enumerate(zip(present, grads_in))]
+        names = [_name(sources[i], i) for i in present]
+        entry = self._plan_for(grads_in, keys, names)
+        self._record(grads_in, names, entry.plan)
+        if tf.executing_eagerly():
+            if entry.eager_step is None:
+                entry.eager_step = _UntrackedFunction(tf.function(
+                    lambda gs: self._step_graph(entry.plan, gs, entry.sources), autograph=False))
+            reduced = entry.eager_step(grads_in)
+        else:
+            reduced = self._step_graph(entry.plan, grads_in, entry.sources)
         out = list(grads)
         for i, r in zip(present, reduced):
             out[i] = r
         return out
 
-    def _densify(self, grad, var):
-        """With sparse_as_dense, IndexedSlices become dense tensors of the variable's static shape."""
+    def _densify(self, grad, source):
+        """With sparse_as_dense, IndexedSlices become dense tensors of the source's static shape."""
         if self.sparse_as_dense and isinstance(grad, tf.IndexedSlices):
-            return tf.reshape(tf.convert_to_tensor(grad), var.shape)
+            return tf.reshape(tf.convert_to_tensor(grad), source.shape)
         return grad
 
     # -- the plan ----------------------------------------------------------------------------------
 
-    def _plan_for(self, grads, vars):  # noqa: A002
-        """The plan for this list of gradients: made once per list of (name, shape, dtype), on the
-        first call, eagerly and on every rank at the same time (calibration and the digest check
-        are collectives), then reused by every retrace."""
-        candidates = [i for i, g in enumerate(grads)
-                      if not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating and self.compressor.collective != "dense"]
-        signature = tuple((getattr(vars[i], "name", str(i)), tuple(grads[i].shape), grads[i].dtype.name)
-                          for i in candidates)
-        if signature in self._plans:
-            self.plan = self._plans[signature]
-            return self.plan
-        if self.plan is not None and not self._plans:  # given to the constructor
-            self._plans[signature] = self.plan
-            return self.plan
+    def _compressible(self, grad) -> bool:
+        return (self.compressor.collective != "dense" and not isinstance(grad, tf.IndexedSlices)
+                and grad.dtype in COMPRESSIBLE_DTYPES and grad.shape.is_fully_defined())
+
+    def _plan_for(self, grads, keys, names) -> _PlanEntry:
+        """The plan for this list of gradients, made once per list of (source, shape, dtype), on the
+        first call, eagerly and on every rank at the same time (agreement, calibration and the
+        digest check are collectives), then reused by every later call and retrace. The memory its
+        compressed buckets need is created with it, outside any trace."""
+        signature = tuple(TensorSignature((name, tuple(g.shape.as_list() if g.shape.rank is not None else [-1]),
+                                           g.dtype.name, "sparse" if isinstance(g, tf.IndexedSlices) else "dense"))
+                          for name, g in zip(names, grads))
+        cache_key = (tuple(k if isinstance(k, tuple) else k.ref() for k in keys), signature)
+        if cache_key in self._plans:
+            return self._plans[cache_key]
+        candidates = [i for i, g in enumerate(grads) if self._compressible(g)]
         # Backprop order: the last variables' gradients are computed first.
-        tensors = [(i, getattr(vars[i], "name", f"grad_{i}"), int(grads[i].shape.num_elements()))
-                   for i in reversed(candidates)]
+        tensors = [(i, names[i], int(grads[i].shape.num_elements())) for i in reversed(candidates)]
         with tf.init_scope():
-            if self.compressor.planning == "off" or not tensors:
-                plan = planning.per_tensor_plan(tensors, self.compressor, ClusterModel.unpriced(self.process_set.size()))
-            else:
-                if self._cluster is None:
-                    start = time.perf_counter()
-                    self._cluster = calibration.calibrate(self.compressor, self.process_set,
-                                                          max_elements=sum(n for _, _, n in tensors),
-                                                          tensor_elements=[n for _, _, n in tensors])
-                    self.calibration_seconds = time.perf_counter() - start
-                plan = planning.make_plan(tensors, self.compressor, self._cluster)
-            if self.process_set.size() > 1:
-                planning.check_same_plan(plan, self.process_set)
-        if self.process_set.rank() == 0 and self.process_set.size() > 1 and self.compressor.planning == "auto" and tensors:
+            plan = self._fixed_plan if self._fixed_plan is not None else self._planner.plan(tensors, signature)
+            self._step_graph.create_state(plan, grads, keys)
+        size = self.process_set.size()
+        if self.process_set.rank() == 0 and size > 1 and self.compressor.planning == "auto" and tensors:
             print(f"tfcomp: calibrated in {self.calibration_seconds:.1f} s\n{plan.table()}", flush=True)
-        self._plans[signature] = self.plan = plan
-        return plan
+        self._plans[cache_key] = entry = _PlanEntry(plan, keys)
+        self.plan = plan
+        return entry
 
-    # -- the graph ---------------------------------------------------------------------------------
+    # -- reporting ---------------------------------------------------------------------------------
 
-    def _dense_factors(self):
-        if self.op == hvd.Average:
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
-    def _allreduce_dense(self, tensors):
-        """The tensors reduced by one Horovod grouped allreduce per dtype: one op and one entry in
-        Horovod's negotiation for the group, where Horovod's own optimizer has one per tensor (on
-        the 82-tensor model of benchmarks/network_worker.py, unshaped, a step took 0.94 to 1.02 of
-        plain Horovod's in four validation runs: BENCHMARKS.md). The group starts once all its
-        tensors are ready."""
-        prescale, postscale = self._dense_factors()
-        compression = hvd.Compression.fp16 if isinstance(self.compressor, FP16) else hvd.Compression.none
-        return _grouped_by_dtype(hvd.grouped_allreduce, tensors, op=self.op, prescale_factor=prescale,
-                                 postscale_factor=postscale, compression=compression, process_set=self.process_set)
-
-    def _record(self, grads, vars):  # noqa: A002
+    def _record(self, grads, names, plan):
         """How each gradient will be exchanged (for describe())."""
         compressor = self.compressor
-        bucket_of = {p: (n, b) for n, b in enumerate(self.plan.buckets) for p in b.positions}
+        bucket_of = {p: (n, b) for n, b in enumerate(plan.buckets) for p in b.positions}
         records = []
-        for i, (g, v) in enumerate(zip(grads, vars)):
-            name = getattr(v, "name", f"grad_{i}")
-            size = int(v.shape.num_elements())
+        for i, (g, name) in enumerate(zip(grads, names)):
+            size = int(g.shape.num_elements() or 0) if not isinstance(g, tf.IndexedSlices) else \
+                int(tf.TensorShape(tf.get_static_value(g.dense_shape)).num_elements() or 0)
             dense_bytes = g.dtype.size * size
             number, bucket = bucket_of.get(i, (-1, None))
             if isinstance(g, tf.IndexedSlices):
                 records.append(TensorRecord(name, size, "sparse allgather", dense_bytes, -1, number))
             elif bucket is not None and bucket.strategy != "dense":
                 # The bucket's payload, shared out by elements.
-                sent = round(_wire_bytes(compressor, bucket) * size / bucket.elements)
+                sent = round(wire_bytes(compressor, bucket) * size / bucket.elements)
                 records.append(TensorRecord(name, size, f"{type(compressor).__name__} {bucket.strategy}",
                                             dense_bytes, sent, number))
-            elif isinstance(compressor, FP16):
+            elif isinstance(compressor, FP16) and g.dtype.is_floating:
                 records.append(TensorRecord(name, size, "fp16 allreduce", dense_bytes, 2 * size, number))
             else:
                 records.append(TensorRecord(name, size, "allreduce", dense_bytes, dense_bytes, number))
         self.records = tuple(records)
-
-    def _exchange(self, grads, vars):  # noqa: A002
-        self._record(grads, vars)
-        out = [None] * len(grads)
-        compressed = self.plan.compressed
-        planned = {p for b in self.plan.buckets for p in b.positions}
-        # One grouped allreduce per dense bucket, one more for the dense tensors the plan left out.
-        dense_groups = [b.positions for b in self.plan.buckets if b.strategy == "dense"]
-        dense_groups.append([i for i, g in enumerate(grads) if i not in planned and not isinstance(g, tf.IndexedSlices)])
-        prescale, postscale = self._dense_factors()
-        for i, g in enumerate(grads):
-            if isinstance(g, tf.IndexedSlices):
-                out[i] = hvd.allreduce(g, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
-                                       process_set=self.process_set)
-        for group in dense_groups:
-            for i, r in zip(group, self._allreduce_dense([grads[i] for i in group])):
-                out[i] = r
-        if compressed:
-            accumulated = [self._accumulate_bucket(b, grads, vars) for b in compressed]
-            if self.compressor.warmup_steps > 0:
-                reduced, memory = tf.cond(self.step < self.compressor.warmup_steps,
-                                          lambda: self._send_dense(accumulated),
-                                          lambda: self._send_compressed(accumulated, compressed))
-            else:
-                reduced, memory = self._send_compressed(accumulated, compressed)
-            if self.compressor.error_feedback:
-                # A step whose reduced gradients are not all finite is one a loss-scale optimizer
-                # skips: the memory stays as it was.
-                finite = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(r)))
-                          for r in list(reduced) + [o for o in out if o is not None]]
-                keep = tf.logical_not(tf.reduce_all(finite))
-                updates = []
-                for bucket, (new_residual, new_momentum) in zip(compressed, memory):
-                    updates += self._update_memory(bucket, grads, vars, new_residual, new_momentum, keep)
-                with tf.control_dependencies(updates):
-                    reduced = [tf.identity(r) for r in reduced]
-            for bucket, total in zip(compressed, reduced):
-                for i, part in zip(bucket.positions, _split(total, bucket, grads)):
-                    out[i] = tf.cast(tf.reshape(part, tf.shape(grads[i])), grads[i].dtype)
-        self.step.assign_add(1)
-        return out
-
-    def _accumulate_bucket(self, bucket, grads, vars):  # noqa: A002
-        """(flat float32 gradients plus memory of the bucket's tensors, concatenated; DGC momentum or None)."""
-        parts = [self._accumulate(grads[i], vars[i]) for i in bucket.positions]
-        accumulated = _concat([acc for acc, _ in parts])
-        momentum = None if parts[0][1] is None else _concat([m for _, m in parts])
-        return accumulated, momentum
-
-    def _accumulate(self, grad, var):
-        """(flat float32 gradient plus memory of one tensor, DGC momentum or None)."""
-        compressor = self.compressor
-        flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
-        if not compressor.error_feedback:
-            return flat, None
-        size = int(flat.shape[0])
-        residual = self.memory.residual(var, size, with_momentum=compressor.momentum is not None)
-        if compressor.momentum is None:
-            return flat + residual, None
-        momentum = compressor.momentum * self.memory.momentum(var, size) + flat
-        return residual + momentum, momentum
-
-    def _update_memory(self, bucket, grads, vars, new_residual, new_momentum, keep):  # noqa: A002
-        """Assigns the new memory of the bucket's variables unless `keep` (a bool tensor) says not to."""
-        residuals = _split(new_residual, bucket, grads)
-        momenta = [None] * len(residuals) if new_momentum is None else _split(new_momentum, bucket, grads)
-        updates = []
-        for i, part, momentum_part in zip(bucket.positions, residuals, momenta):
-            size = int(part.shape[0])
-            residual = self.memory.residual(vars[i], size, with_momentum=momentum_part is not None)
-            updates.append(residual.assign(tf.where(keep, residual, part)))
-            if momentum_part is not None:
-                momentum = self.memory.momentum(vars[i], size)
-                updates.append(momentum.assign(tf.where(keep, momentum, momentum_part)))
-        return updates
-
-    def _send_compressed(self, accumulated, buckets):
-        """Encodes, exchanges and decodes the accumulated buckets.
-
-        Returns (reduced buckets, [(new residual, new momentum or None)] or []). Buckets of one
-        strategy share one grouped collective. A non-finite value anywhere in a bucket on any worker
-        makes the bucket's reduced values NaN, as a dense allreduce would, even where the compressor
-        did not send that value: each bucket's count of such values rides along with its payload.
-        """
-        compressor = self.compressor
-        num_workers = self.collectives.size
-        worker = self.collectives.rank
-        payloads, memory = [], []
-        for position, ((acc, momentum), bucket) in enumerate(zip(accumulated, buckets)):
-            seed = self.step * 65536 + position
-            if bucket.strategy == "artopk":
-                payload = self._artopk_payload(acc, seed, worker, num_workers)
-            else:
-                encoded = compressor.encode(acc, seed, worker)
-                payload = _Payload(encoded.wire, encoded.context,
-                                   compressor.decode_local(encoded, int(acc.shape[0])) if compressor.error_feedback else None)
-            non_finite = tf.reshape(tf.reduce_sum(tf.cast(~tf.math.is_finite(acc), tf.float32)), [1])
-            payloads.append(payload._replace(wire=tuple(payload.wire) + (non_finite,)))
-            if compressor.error_feedback:
-                new_momentum = None if momentum is None else tf.where(payload.sent != 0, 0.0, momentum)
-                memory.append((acc - payload.sent, new_momentum))
-        received = [None] * len(buckets)
-        for strategy in ("allgather", "allreduce", "artopk"):
-            members = [n for n, b in enumerate(buckets) if b.strategy == strategy]
-            if not members:
-                continue
-            wires = [t for n in members for t in payloads[n].wire]
-            if strategy == "allgather":
-                exchanged = self.collectives.allgather(wires)
-            else:
-                exchanged = self.collectives.allreduce_sum(wires)
-            start = 0
-            for n in members:
-                received[n] = tuple(exchanged[start:start + len(payloads[n].wire)])
-                start += len(payloads[n].wire)
-        reduced = []
-        for (acc, _), bucket, payload, wire in zip(accumulated, buckets, payloads, received):
-            size = int(acc.shape[0])
-            if bucket.strategy == "artopk":
-                total = ops.sparse_batched_decode(wire[0], payload.context, size)
-            else:
-                total = compressor.decode_sum(wire[:-1], payload.context, size, num_workers)
-            total = total / num_workers if self.op == hvd.Average else total
-            reduced.append(tf.where(tf.reduce_sum(wire[-1]) > 0, float("nan"), total))
-        return reduced, memory
-
-    def _artopk_payload(self, acc, seed, worker, num_workers):
-        """AR-Topk (003 Algorithm 1): the owner's selected indices are broadcast, every worker sends
-        its values at them (to be summed by allreduce). Owner: round-robin over steps (STAR), or the
-        worker whose accumulated gradient has the largest variance (VAR, ties to the lowest rank)."""
-        _, own_indices = self.compressor.encode(acc, seed, worker).wire
-        if self.compressor.artopk_owner == "var":
-            variances, = self.collectives.allgather([tf.reshape(tf.math.reduce_variance(acc), [1])])
-            owner = tf.cast(tf.argmax(variances), tf.int32)
-        else:
-            owner = tf.cast(self.step % num_workers, tf.int32)
-        indices = tf.switch_case(owner, [
-            functools.partial(self.collectives.broadcast, own_indices, root, f"tfcomp_artopk_indices_from_{root}")
-            for root in range(num_workers)
-        ])
-        values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
-        size = int(acc.shape[0])
-        sent = ops.sparse_batched_decode(values, indices, size) if self.compressor.error_feedback else None
-        return _Payload((values,), indices, sent)
-
-    def _send_dense(self, accumulated):
-        """Warm-up: gradient plus residual sent dense; the memory is then empty."""
-        reduced = list(self._allreduce_dense([acc for acc, _ in accumulated]))
-        memory = []
-        if self.compressor.error_feedback:
-            memory = [(tf.zeros_like(acc), None if momentum is None else tf.zeros_like(acc))
-                      for acc, momentum in accumulated]
-        return reduced, memory
 
     def bytes_per_step(self) -> tuple:
         """(dense bytes, sent bytes) one worker exchanges per step, over the tensors whose payload

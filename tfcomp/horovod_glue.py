@@ -1,18 +1,22 @@
 """Thin glue that lets stock Horovod run tfcomp's exchange (installed by `import tfcomp`).
 
-Horovod's Keras `DistributedOptimizer` builds its per-step reduction with
-`horovod.tensorflow._make_allreduce_grads_fn(...)` and its optimizer class with
-`horovod._keras.create_distributed_optimizer(...)`. `install()` wraps both, at run time and without
-touching Horovod's files:
+Horovod's `DistributedOptimizer`s (Keras and TF2) and `DistributedGradientTape` build their per-step
+reduction with `horovod.tensorflow._make_allreduce_grads_fn(...)`, and the Keras optimizer class
+with `horovod._keras.create_distributed_optimizer(...)`. `install()` wraps both, at run time and
+without touching Horovod's files:
 
   * given a tfcomp compressor, `_make_allreduce_grads_fn` returns a `GradientExchange` instead of
-    Horovod's per-tensor allreduce (any other compression goes to Horovod unchanged);
-  * `create_distributed_optimizer` validates the arguments, then tracks that exchange on the new
-    optimizer (so checkpoints carry the error-feedback residuals).
+    Horovod's per-tensor allreduce (Horovod's own compressors go to Horovod unchanged). An
+    optimizer gets an exchange of its own; tapes, which Horovod's examples build anew in every step
+    and every trace, share one exchange per setting (as Horovod caches its function), so the plan
+    is made once and the residuals and step counter carry over from step to step;
+  * `create_distributed_optimizer` validates the arguments, then tracks that exchange's state on
+    the new optimizer (so checkpoints carry the error-feedback residuals and the step).
 
-So `hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN())` and
-`tfcomp.DistributedOptimizer(opt, compression=tfcomp.DRAGONN())` build the very same optimizer.
-`hvd.DistributedGradientTape(tape, compression=tfcomp.DRAGONN())` also runs the exchange.
+A tfcomp compressor class or a string given as `compression`, an optimizer built inside a
+`tf.distribute` strategy scope, and TF1 graph mode are refused at construction.
+`exchange_of(optimizer_or_tape)` is the public way to reach an exchange (its `describe()`, its
+`state` for a `tf.train.Checkpoint` of a custom loop).
 """
 
 from __future__ import annotations
@@ -21,32 +25,89 @@ import functools
 
 import horovod._keras as horovod_keras_impl
 import horovod.tensorflow as hvd
+import tensorflow as tf
 
 from tfcomp.compressors import Compressor
-from tfcomp.exchange import GradientExchange
+from tfcomp.exchange import GradientExchange, check_tf2_mode
 from tfcomp.version import check_supported_stack
 
-__all__ = ["install", "validate_optimizer_arguments"]
+__all__ = ["check_compression", "exchange_of", "install", "validate_optimizer_arguments"]
 
 _MARK = "_tfcomp_wrapped"
+_TAPE_NAME = "DistributedGradientTape"  # the name Horovod's tape gives _make_allreduce_grads_fn
+_tape_exchanges = {}
 
 
-def validate_optimizer_arguments(optimizer, compression, op) -> None:
-    """Raises TypeError / ValueError naming the argument that cannot work with tfcomp."""
+def check_compression(compression) -> None:
+    """Raises TypeError for a `compression` that is neither a tfcomp compressor instance nor one of
+    Horovod's own compressors: a tfcomp compressor class (missing its parentheses), a string, or
+    anything else."""
+    if isinstance(compression, Compressor):
+        return
+    from horovod.tensorflow.compression import Compressor as HorovodCompressor
+
+    if isinstance(compression, type) and issubclass(compression, Compressor):
+        raise TypeError(f"compression must be a compressor instance: got the class tfcomp.{compression.__name__}; "
+                        f"write compression=tfcomp.{compression.__name__}() (with its arguments)")
+    if isinstance(compression, type) and issubclass(compression, HorovodCompressor):
+        return
+    raise TypeError("compression must be a tfcomp compressor instance (for example tfcomp.DRAGONN(ratio=0.001)) "
+                    f"or one of Horovod's (hvd.Compression.none, hvd.Compression.fp16), got {compression!r}")
+
+
+def _check_no_strategy() -> None:
+    if tf.distribute.has_strategy():
+        raise RuntimeError(
+            f"tfcomp runs under Horovod, one process per worker (horovodrun), not under a tf.distribute "
+            f"strategy: build the optimizer or tape outside {type(tf.distribute.get_strategy()).__name__}'s scope")
+
+
+def validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_factor=1.0) -> None:
+    """Raises TypeError / ValueError / RuntimeError naming the argument that cannot work with tfcomp."""
     check_supported_stack()
-    import tensorflow as tf
-
+    check_compression(compression)
     keras_optimizers = (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)
     if not isinstance(optimizer, keras_optimizers):
         raise TypeError(
             "optimizer must be a Keras optimizer (tf.keras.optimizers.Optimizer or "
             f"tf.keras.optimizers.legacy.Optimizer), got {type(optimizer).__module__}.{type(optimizer).__name__}"
         )
-    if isinstance(compression, Compressor) and compression.collective != "dense" and op == hvd.Adasum:
+    if not isinstance(compression, Compressor):
+        return
+    check_tf2_mode()
+    _check_no_strategy()
+    if compression.collective != "dense" and op == hvd.Adasum:
         raise ValueError(
             f"op=hvd.Adasum cannot combine the payloads of {compression!r}: Adasum needs dense tensors. "
             "Use op=hvd.Average or hvd.Sum, or compression=tfcomp.NoCompression()"
         )
+    factor = gradient_predivide_factor
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < float(factor) < float("inf"):
+        raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {factor!r}")
+
+
+def exchange_of(distributed) -> GradientExchange:
+    """The tfcomp exchange behind a distributed optimizer or tape built with a tfcomp compressor.
+    Its `state` holds the residuals and step counter (give it to a `tf.train.Checkpoint` of a
+    custom loop with a tape); `describe()` tells how each gradient is exchanged."""
+    exchange = getattr(distributed, "_allreduce_grads", None)
+    if not isinstance(exchange, GradientExchange):
+        raise TypeError(f"{type(distributed).__name__} does not run a tfcomp exchange: build it with "
+                        "compression=<a tfcomp compressor>")
+    return exchange
+
+
+def _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set) -> GradientExchange:
+    """A new exchange for an optimizer; for a tape, the one exchange of its settings."""
+    _check_no_strategy()
+    if name != _TAPE_NAME:
+        return GradientExchange(compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
+                                sparse_as_dense=sparse_as_dense, process_set=process_set, name=name or "tfcomp")
+    key = (compression, op, float(gradient_predivide_factor), bool(sparse_as_dense), process_set.process_set_id)
+    if key not in _tape_exchanges:
+        _tape_exchanges[key] = GradientExchange(compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
+                                                sparse_as_dense=sparse_as_dense, process_set=process_set, name=name)
+    return _tape_exchanges[key]
 
 
 def install() -> None:
@@ -58,11 +119,11 @@ def install() -> None:
     @functools.wraps(original_make)
     def make_allreduce_grads_fn(name, device_dense, device_sparse, compression, sparse_as_dense, op,
                                 gradient_predivide_factor, groups, process_set=hvd.global_process_set):
+        check_compression(compression)
         if not isinstance(compression, Compressor):
             return original_make(name, device_dense, device_sparse, compression, sparse_as_dense, op,
                                  gradient_predivide_factor, groups, process_set=process_set)
-        return GradientExchange(compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
-                                sparse_as_dense=sparse_as_dense, process_set=process_set, name=name or "tfcomp")
+        return _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set)
 
     setattr(make_allreduce_grads_fn, _MARK, True)
     hvd._make_allreduce_grads_fn = make_allreduce_grads_fn
@@ -72,8 +133,7 @@ def install() -> None:
     @functools.wraps(original_create)
     def create_distributed_optimizer(keras, optimizer, name, device_dense, device_sparse, compression,
                                      sparse_as_dense, gradient_predivide_factor, op, *args, **kwargs):
-        if isinstance(compression, Compressor):
-            validate_optimizer_arguments(optimizer, compression, op)
+        validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_factor)
         distributed = original_create(keras, optimizer, name, device_dense, device_sparse, compression,
                                       sparse_as_dense, gradient_predivide_factor, op, *args, **kwargs)
         exchange = getattr(distributed, "_allreduce_grads", None)

@@ -33,7 +33,7 @@ def DistributedOptimizer(optimizer, compression=None, *, name=None, device_dense
       An optimizer of the same class as `optimizer` (so a saved model restores without Horovod).
     """
     compressor = DRAGONN() if compression is None else as_compressor(compression)
-    validate_optimizer_arguments(optimizer, compressor, op)
+    validate_optimizer_arguments(optimizer, compressor, op, gradient_predivide_factor)
     install()
     return hvd_keras.DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compressor,

@@ -14,7 +14,7 @@ all dense becomes all dense. No training step is probed: it is arithmetic on cal
 
 `per_tensor_plan` is the plan with planning="off": one bucket per tensor. `predicted_exchange_time`
 prices a plan as the exchange runs it (one fused collective per strategy: latency paid once).
-`check_same_plan` compares the plan's digest across ranks and raises on every rank if any differs.
+`tfcomp.planner` compares plans across ranks; `PlanMismatchError` is what it raises on every rank.
 """
 
 from __future__ import annotations
@@ -23,12 +23,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-import horovod.tensorflow as hvd
-import tensorflow as tf
-
 from tfcomp import cost_model as cm
 
-__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_same_plan", "make_plan", "per_tensor_plan",
+__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "make_plan", "per_tensor_plan",
            "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
@@ -251,15 +248,3 @@ def all_dense_time(plan: Plan) -> float:
 
 class PlanMismatchError(RuntimeError):
     """The ranks made different plans (they would run different collectives and hang)."""
-
-
-def check_same_plan(plan: Plan, process_set=hvd.global_process_set) -> None:
-    """Allgathers every rank's plan digest (eagerly) and raises PlanMismatchError on every rank if
-    any differs."""
-    digest = tf.constant([plan.digest()], tf.int64)
-    digests = [int(d) for d in hvd.allgather(digest, process_set=process_set, name="tfcomp_plan_digest").numpy()]
-    if len(set(digests)) > 1:
-        raise PlanMismatchError(
-            "tfcomp: the ranks made different exchange plans (digests by rank: "
-            f"{', '.join(f'{r}: {d:x}' for r, d in enumerate(digests))}). Every rank must see the same "
-            "gradients (names, shapes, order) and the same compressor settings; this rank's plan:\n" + plan.table())

@@ -1,0 +1,91 @@
+"""The collectives tfcomp runs, and the one way ranks agree on figures and digests.
+
+`HorovodCollectives` (over a Horovod process set) and `LocalCollectives` (stand-ins that send
+nothing, for timing the compression work alone) give the step graph the same interface: grouped
+allgather, grouped sum allreduce and broadcast, inside or outside a `tf.function`.
+`allgather_integers` and `broadcast_floats` run eagerly, outside any training step, on every rank
+of a process set at the same point: the plan's agreement checks and calibration use them.
+"""
+
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["HorovodCollectives", "LocalCollectives", "allgather_integers", "broadcast_floats", "grouped_by_dtype"]
+
+
+def grouped_by_dtype(collective, tensors, **kwargs):
+    """Runs a Horovod grouped collective (which needs one dtype per group) once per dtype, in order
+    of first appearance, and returns the results in the order of `tensors`."""
+    results = [None] * len(tensors)
+    dtypes = list(dict.fromkeys(t.dtype for t in tensors))
+    for dtype in dtypes:
+        positions = [i for i, t in enumerate(tensors) if t.dtype == dtype]
+        for i, r in zip(positions, collective([tensors[i] for i in positions], **kwargs)):
+            results[i] = r
+    return results
+
+
+class HorovodCollectives:
+    """The collectives of the compressed buckets, over a Horovod process set (lists are grouped)."""
+
+    def __init__(self, process_set):
+        self.process_set = process_set
+
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
+
+    @property
+    def rank(self) -> int:
+        return self.process_set.rank()
+
+    def included(self) -> bool:
+        return self.process_set.included()
+
+    def allgather(self, tensors):
+        return grouped_by_dtype(hvd.grouped_allgather, tensors, process_set=self.process_set)
+
+    def allreduce_sum(self, tensors):
+        return grouped_by_dtype(hvd.grouped_allreduce, tensors, op=hvd.Sum, process_set=self.process_set)
+
+    def broadcast(self, tensor, root: int, name: str):
+        return hvd.broadcast(tensor, root, process_set=self.process_set, name=name)
+
+
+class LocalCollectives:
+    """Stand-ins that communicate nothing, for timing the compression work of `size` workers
+    (calibration): allgather returns this worker's tensor repeated `size` times, allreduce returns
+    it as it is, broadcast returns the tensor."""
+
+    def __init__(self, size: int):
+        self.size, self.rank = size, 0
+
+    def allgather(self, tensors):
+        return [tf.concat([t] * self.size, axis=0) for t in tensors]
+
+    def allreduce_sum(self, tensors):
+        return [tf.identity(t) for t in tensors]
+
+    def broadcast(self, tensor, root: int, name: str):
+        del root, name
+        return tf.identity(tensor)
+
+    def included(self) -> bool:
+        return True
+
+
+def allgather_integers(values, process_set, name: str) -> np.ndarray:
+    """int64 [ranks, len(values)]: every rank's `values` (ints of at most 63 bits), eagerly."""
+    with tf.init_scope():
+        mine = tf.constant([list(values)], tf.int64)
+        return hvd.allgather(mine, process_set=process_set, name=name).numpy()
+
+
+def broadcast_floats(values, process_set, name: str, root: int = 0) -> np.ndarray:
+    """float64 [len(values)]: `root`'s `values` on every rank, eagerly."""
+    with tf.init_scope():
+        mine = tf.constant(np.asarray(values, dtype=np.float64))
+        return np.asarray(hvd.broadcast(mine, root, process_set=process_set, name=name).numpy(), dtype=np.float64)

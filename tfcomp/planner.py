@@ -1,0 +1,126 @@
+"""The exchange's plan: agreement across ranks, calibration, bucket search, digest check.
+
+`Planner.plan(tensors, signature)` runs eagerly, on every rank of the process set at the same
+point (the exchange calls it the first time it sees a list of gradients), and returns the
+`tfcomp.planning.Plan` every rank will run:
+
+  1. agreement: every rank's digests of the compressor and its settings, the exchange's settings
+     and the gradients' signature (order, shapes, dtypes, dense or sparse) are allgathered; any
+     difference raises `PlanMismatchError` on every rank, naming the rank and what differs, before
+     any calibration or exchange collective that could wait forever for a rank doing otherwise;
+  2. calibration (`tfcomp.calibration`, cached) and the bucket search (`tfcomp.planning`), or one
+     bucket per tensor with planning="off";
+  3. the plan's digest compared across ranks (`PlanMismatchError` on every rank if any differs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from tfcomp import calibration, planning
+from tfcomp.collectives import allgather_integers
+from tfcomp.cost_model import ClusterModel
+from tfcomp.planning import PlanMismatchError
+
+__all__ = ["Planner", "TensorSignature", "digest"]
+
+
+def digest(value) -> int:
+    """A 63-bit hash of a JSON-serialisable value (equal on every rank for equal values)."""
+    text = json.dumps(value, sort_keys=True, default=repr)
+    return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+
+
+class TensorSignature(tuple):
+    """One gradient as the ranks must agree on it: (name, shape, dtype, kind), kind "dense",
+    "sparse" (tf.IndexedSlices) or "none" (no gradient)."""
+
+    def describe(self) -> str:
+        name, shape, dtype, kind = self
+        return f"{name} {list(shape)} {dtype} {kind}"
+
+
+class Planner:
+    """Makes the plan of one exchange (see the module docstring).
+
+    Args:
+      compressor: a `tfcomp.Compressor`.
+      process_set: the Horovod process set the exchange reduces over.
+      settings: the exchange's other settings that every rank must share (op, factors, ...), a
+        JSON-serialisable dict.
+    """
+
+    def __init__(self, compressor, process_set, settings: dict):
+        self.compressor = compressor
+        self.process_set = process_set
+        self.settings = settings
+        self.cluster = None
+        self.calibration_seconds = 0.0  # how long calibration took (0: cached, or none)
+
+    def plan(self, tensors, signature) -> planning.Plan:
+        """The plan for `tensors` = [(position, name, elements)] in backprop order (the gradients
+        that may be compressed), checked equal on all ranks. `signature`: a `TensorSignature` per
+        gradient of the exchange's list, in its order."""
+        workers = self.process_set.size()
+        if workers > 1:
+            self._check_agreement(signature)
+        if self.compressor.planning == "off" or not tensors:
+            plan = planning.per_tensor_plan(tensors, self.compressor, ClusterModel.unpriced(workers))
+        else:
+            if self.cluster is None:
+                start = time.perf_counter()
+                self.cluster = calibration.calibrate(self.compressor, self.process_set,
+                                                     max_elements=sum(n for _, _, n in tensors),
+                                                     tensor_elements=[n for _, _, n in tensors])
+                self.calibration_seconds = time.perf_counter() - start
+            plan = planning.make_plan(tensors, self.compressor, self.cluster)
+        if workers > 1:
+            self._check_plan(plan)
+        return plan
+
+    def _check_agreement(self, signature) -> None:
+        """Raises PlanMismatchError on every rank if the ranks' compressors, settings or gradient
+        signatures differ (two eager allgathers of integers; a third, of per-tensor digests, only
+        when the signatures differ)."""
+        parts = {
+            "compressor": repr(self.compressor),
+            "exchange settings": self.settings,
+            "number of gradients": len(signature),
+            "gradients": [list(s[1:]) for s in signature],
+        }
+        mine = [digest(value) for value in parts.values()] + [len(signature)]
+        gathered = allgather_integers(mine, self.process_set, "tfcomp_agreement")
+        differing = [name for column, name in enumerate(parts) if len(set(gathered[:, column])) > 1]
+        if not differing:
+            return
+        rank = self.process_set.rank()
+        details = [f"rank {rank} has {name} {parts[name]!r}" for name in differing if name != "gradients"]
+        if "gradients" in differing:
+            details.append(self._first_differing_gradient(signature, int(max(gathered[:, -1]))))
+        mismatched = sorted({r for name in differing for r in range(len(gathered))
+                             if gathered[r, list(parts).index(name)] != gathered[0, list(parts).index(name)]})
+        raise PlanMismatchError(
+            f"tfcomp: the ranks' exchanges differ in {', '.join(differing)} (ranks that differ from rank 0: "
+            f"{mismatched}); every rank must train the same model with the same compressor and settings. "
+            + "; ".join(details))
+
+    def _first_differing_gradient(self, signature, longest: int) -> str:
+        """Which gradient first differs between the ranks, as this rank sees it (one more allgather)."""
+        padded = [digest(list(s[1:])) for s in signature] + [-1] * (longest - len(signature))
+        gathered = allgather_integers(padded, self.process_set, "tfcomp_agreement_gradients")
+        for position in range(longest):
+            if len(set(gathered[:, position])) > 1:
+                mine = signature[position].describe() if position < len(signature) else "no gradient"
+                return f"gradient {position} differs: on rank {self.process_set.rank()} it is {mine}"
+        return "the gradients differ"
+
+    def _check_plan(self, plan: planning.Plan) -> None:
+        """Raises PlanMismatchError on every rank if any rank's plan digest differs."""
+        digests = [int(d) for d in allgather_integers([plan.digest()], self.process_set, "tfcomp_plan_digest")[:, 0]]
+        if len(set(digests)) > 1:
+            raise PlanMismatchError(
+                "tfcomp: the ranks made different exchange plans (digests by rank: "
+                f"{', '.join(f'{r}: {d:x}' for r, d in enumerate(digests))}). Every rank must see the same "
+                "gradients (names, shapes, order) and the same compressor settings; this rank's plan:\n" + plan.table())

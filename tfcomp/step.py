@@ -1,0 +1,278 @@
+"""The exchange's step graph: a fixed plan turned into the ops of one training step.
+
+`StepGraph(compressor, state, collectives, ...)(plan, grads, sources)` builds, inside or outside a
+`tf.function`, the reduction of `grads` (one per source, the plan's positions index them) and
+returns the reduced gradients. It never changes the plan and creates no variables: the state
+(residuals, step counter) is an `ExchangeState` created beforehand, outside any trace.
+
+  * compressed buckets: each tensor's gradient plus its error-feedback residual (or DGC momentum
+    correction), concatenated, encoded as one tensor (MergeComp), the remainder kept as the new
+    residuals; buckets of one strategy share one grouped collective: allgather (decoded by one
+    `sparse_batched_decode` of all K workers' payloads), allreduce (RandomK's shared indices), or
+    AR-Topk (the owner's indices broadcast, values at them allreduced); divided by K for Average;
+  * dense buckets: one Horovod grouped allreduce each (per dtype), and one more for the other dense
+    tensors, with Horovod's prescale/postscale factors (fp16 on the wire for `tfcomp.FP16()`);
+  * `tf.IndexedSlices`: Horovod's sparse allreduce (allgather).
+
+The first `compressor.warmup_steps` communicating steps send the compressed buckets dense (with
+their residuals, which are then cleared). Residuals are updated only when every reduced gradient is
+finite, so a step that a loss-scale optimizer skips leaves them untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from tfcomp import ops
+from tfcomp.collectives import grouped_by_dtype
+from tfcomp.compressors import FP16
+
+__all__ = ["StepGraph", "wire_bytes"]
+
+
+class _Payload(NamedTuple):
+    """One bucket's wire tensors, what decoding needs besides them, and the dense value of what this
+    worker sent (float32 [n], for error feedback; None without)."""
+
+    wire: tuple
+    context: object
+    sent: object
+
+
+def _concat(flats):
+    return flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
+
+
+def _split(flat, bucket, sizes):
+    """The bucket's flat tensor cut back into its tensors' flat parts, in bucket order."""
+    if len(bucket.positions) == 1:
+        return [flat]
+    return tf.split(flat, [sizes[i] for i in bucket.positions])
+
+
+def wire_bytes(compressor, bucket) -> int:
+    """Bytes one worker sends for a compressed bucket (AR-Topk: the values; the owner's indices too)."""
+    if bucket.strategy == "artopk":
+        return 4 * compressor.payload_length(bucket.elements)
+    return compressor.payload_bytes(bucket.elements)
+
+
+class StepGraph:
+    """Builds one step's exchange for a fixed plan.
+
+    Args:
+      compressor: a `tfcomp.Compressor`.
+      state: the `tfcomp.memory.ExchangeState` whose residuals and step counter the step uses.
+      collectives: `HorovodCollectives` or `LocalCollectives` (for the compressed buckets).
+      op: `hvd.Average` or `hvd.Sum`.
+      gradient_predivide_factor: Horovod's, for the tensors sent dense.
+      process_set: the Horovod process set of the dense allreduces.
+    """
+
+    def __init__(self, compressor, state, collectives, *, op=hvd.Average, gradient_predivide_factor: float = 1.0,
+                 process_set=hvd.global_process_set):
+        self.compressor = compressor
+        self.state = state
+        self.collectives = collectives
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.process_set = process_set
+
+    def create_state(self, plan, grads, sources) -> None:
+        """Creates the error-feedback memory the plan's compressed buckets need, eagerly (call it
+        outside any trace, before the first step: a traced function must not create variables)."""
+        if not self.compressor.error_feedback:
+            return
+        with tf.init_scope():
+            for bucket in plan.compressed:
+                for i in bucket.positions:
+                    self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
+                                               with_momentum=self.compressor.momentum is not None)
+
+    def __call__(self, plan, grads, sources):
+        """The reduced `grads` (a list of tensors, IndexedSlices or None) under `plan`. `sources`:
+        what each gradient belongs to (variables, or keys of watched tensors), for error feedback."""
+        out = [None] * len(grads)
+        sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
+        compressed = plan.compressed
+        planned = {p for b in plan.buckets for p in b.positions}
+        dense_groups = [b.positions for b in plan.buckets if b.strategy == "dense"]
+        dense_groups.append([i for i, g in enumerate(grads)
+                             if g is not None and i not in planned and not isinstance(g, tf.IndexedSlices)])
+        prescale, postscale = self._dense_factors()
+        for i, g in enumerate(grads):
+            if isinstance(g, tf.IndexedSlices):
+                out[i] = hvd.allreduce(g, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
+                                       process_set=self.process_set)
+        for group in dense_groups:
+            for i, r in zip(group, self._allreduce_dense([grads[i] for i in group])):
+                out[i] = r
+        if compressed:
+            for bucket, total in zip(compressed, self._compressed_buckets(compressed, grads, sources, sizes, out)):
+                for i, part in zip(bucket.positions, _split(total, bucket, sizes)):
+                    out[i] = tf.cast(tf.reshape(part, tf.shape(grads[i])), grads[i].dtype)
+        self.state.step.assign_add(1)
+        return out
+
+    # -- dense -------------------------------------------------------------------------------------
+
+    def _dense_factors(self):
+        if self.op == hvd.Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _allreduce_dense(self, tensors):
+        """The tensors reduced by one Horovod grouped allreduce per dtype: one op and one entry in
+        Horovod's negotiation for the group, where Horovod's own optimizer has one per tensor (on
+        the 82-tensor model of benchmarks/network_worker.py, unshaped, a step took 0.94 to 1.02 of
+        plain Horovod's in four validation runs: BENCHMARKS.md). The group starts once all its
+        tensors are ready."""
+        if not tensors:
+            return []
+        prescale, postscale = self._dense_factors()
+        compression = hvd.Compression.fp16 if isinstance(self.compressor, FP16) else hvd.Compression.none
+        return grouped_by_dtype(hvd.grouped_allreduce, tensors, op=self.op, prescale_factor=prescale,
+                                postscale_factor=postscale, compression=compression, process_set=self.process_set)
+
+    # -- compressed --------------------------------------------------------------------------------
+
+    def _compressed_buckets(self, buckets, grads, sources, sizes, dense_results):
+        """The reduced flat float32 tensor of each compressed bucket, with the memory updated."""
+        compressor = self.compressor
+        accumulated = [self._accumulate_bucket(b, grads, sources) for b in buckets]
+        if compressor.warmup_steps > 0:
+            reduced, memory = tf.cond(self.state.step < compressor.warmup_steps,
+                                      lambda: self._send_dense(accumulated),
+                                      lambda: self._send_compressed(accumulated, buckets))
+        else:
+            reduced, memory = self._send_compressed(accumulated, buckets)
+        if not compressor.error_feedback:
+            return reduced
+        # A step whose reduced gradients are not all finite is one a loss-scale optimizer skips:
+        # the memory stays as it was.
+        finite = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(r)))
+                  for r in list(reduced) + [o for o in dense_results if o is not None and o.dtype.is_floating]]
+        keep = tf.logical_not(tf.reduce_all(finite))
+        updates = []
+        for bucket, (new_residual, new_momentum) in zip(buckets, memory):
+            updates += self._update_memory(bucket, sources, sizes, new_residual, new_momentum, keep)
+        with tf.control_dependencies(updates):
+            return [tf.identity(r) for r in reduced]
+
+    def _accumulate_bucket(self, bucket, grads, sources):
+        """(flat float32 gradients plus memory of the bucket's tensors, concatenated; DGC momentum or None)."""
+        parts = [self._accumulate(grads[i], sources[i]) for i in bucket.positions]
+        accumulated = _concat([acc for acc, _ in parts])
+        momentum = None if parts[0][1] is None else _concat([m for _, m in parts])
+        return accumulated, momentum
+
+    def _accumulate(self, grad, source):
+        """(flat float32 gradient plus memory of one tensor, DGC momentum or None)."""
+        compressor = self.compressor
+        flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
+        if not compressor.error_feedback:
+            return flat, None
+        size = int(flat.shape[0])
+        memory = self.state.memory
+        residual = memory.residual(source, size, with_momentum=compressor.momentum is not None)
+        if compressor.momentum is None:
+            return flat + residual, None
+        momentum = compressor.momentum * memory.momentum(source, size) + flat
+        return residual + momentum, momentum
+
+    def _update_memory(self, bucket, sources, sizes, new_residual, new_momentum, keep):
+        """Assigns the new memory of the bucket's sources unless `keep` (a bool tensor) says not to."""
+        residuals = _split(new_residual, bucket, sizes)
+        momenta = [None] * len(residuals) if new_momentum is None else _split(new_momentum, bucket, sizes)
+        memory = self.state.memory
+        updates = []
+        for i, part, momentum_part in zip(bucket.positions, residuals, momenta):
+            residual = memory.residual(sources[i], sizes[i], with_momentum=momentum_part is not None)
+            updates.append(residual.assign(tf.where(keep, residual, part)))
+            if momentum_part is not None:
+                momentum = memory.momentum(sources[i], sizes[i])
+                updates.append(momentum.assign(tf.where(keep, momentum, momentum_part)))
+        return updates
+
+    def _send_compressed(self, accumulated, buckets):
+        """Encodes, exchanges and decodes the accumulated buckets.
+
+        Returns (reduced buckets, [(new residual, new momentum or None)] or []). Buckets of one
+        strategy share one grouped collective. A non-finite value anywhere in a bucket on any worker
+        makes the bucket's reduced values NaN, as a dense allreduce would, even where the compressor
+        did not send that value: each bucket's count of such values rides along with its payload.
+        """
+        compressor = self.compressor
+        num_workers = self.collectives.size
+        worker = self.collectives.rank
+        step = self.state.step
+        payloads, memory = [], []
+        for position, ((acc, momentum), bucket) in enumerate(zip(accumulated, buckets)):
+            seed = step * 65536 + position
+            if bucket.strategy == "artopk":
+                payload = self._artopk_payload(acc, seed, worker, num_workers)
+            else:
+                encoded = compressor.encode(acc, seed, worker)
+                payload = _Payload(encoded.wire, encoded.context,
+                                   compressor.decode_local(encoded, int(acc.shape[0])) if compressor.error_feedback else None)
+            non_finite = tf.reshape(tf.reduce_sum(tf.cast(~tf.math.is_finite(acc), tf.float32)), [1])
+            payloads.append(payload._replace(wire=tuple(payload.wire) + (non_finite,)))
+            if compressor.error_feedback:
+                new_momentum = None if momentum is None else tf.where(payload.sent != 0, 0.0, momentum)
+                memory.append((acc - payload.sent, new_momentum))
+        received = [None] * len(buckets)
+        for strategy in ("allgather", "allreduce", "artopk"):
+            members = [n for n, b in enumerate(buckets) if b.strategy == strategy]
+            if not members:
+                continue
+            wires = [t for n in members for t in payloads[n].wire]
+            if strategy == "allgather":
+                exchanged = self.collectives.allgather(wires)
+            else:
+                exchanged = self.collectives.allreduce_sum(wires)
+            start = 0
+            for n in members:
+                received[n] = tuple(exchanged[start:start + len(payloads[n].wire)])
+                start += len(payloads[n].wire)
+        reduced = []
+        for (acc, _), bucket, payload, wire in zip(accumulated, buckets, payloads, received):
+            size = int(acc.shape[0])
+            if bucket.strategy == "artopk":
+                total = ops.sparse_batched_decode(wire[0], payload.context, size)
+            else:
+                total = compressor.decode_sum(wire[:-1], payload.context, size, num_workers)
+            total = total / num_workers if self.op == hvd.Average else total
+            reduced.append(tf.where(tf.reduce_sum(wire[-1]) > 0, float("nan"), total))
+        return reduced, memory
+
+    def _artopk_payload(self, acc, seed, worker, num_workers):
+        """AR-Topk (003 Algorithm 1): the owner's selected indices are broadcast, every worker sends
+        its values at them (to be summed by allreduce). Owner: round-robin over steps (STAR), or the
+        worker whose accumulated gradient has the largest variance (VAR, ties to the lowest rank)."""
+        _, own_indices = self.compressor.encode(acc, seed, worker).wire
+        if self.compressor.artopk_owner == "var":
+            variances, = self.collectives.allgather([tf.reshape(tf.math.reduce_variance(acc), [1])])
+            owner = tf.cast(tf.argmax(variances), tf.int32)
+        else:
+            owner = tf.cast(self.state.step % num_workers, tf.int32)
+        indices = tf.switch_case(owner, [
+            functools.partial(self.collectives.broadcast, own_indices, root, f"tfcomp_artopk_indices_from_{root}")
+            for root in range(num_workers)
+        ])
+        values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
+        size = int(acc.shape[0])
+        sent = ops.sparse_batched_decode(values, indices, size) if self.compressor.error_feedback else None
+        return _Payload((values,), indices, sent)
+
+    def _send_dense(self, accumulated):
+        """Warm-up: gradient plus residual sent dense; the memory is then empty."""
+        reduced = list(self._allreduce_dense([acc for acc, _ in accumulated]))
+        memory = []
+        if self.compressor.error_feedback:
+            memory = [(tf.zeros_like(acc), None if momentum is None else tf.zeros_like(acc))
+                      for acc, momentum in accumulated]
+        return reduced, memory
