@@ -70,5 +70,32 @@ def test_unsupported_tensorflow_or_keras_is_refused(monkeypatch):
         tfcomp.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=tfcomp.DRAGONN())
 
 
+def test_tf1_graph_mode_is_refused_at_construction():
+    with tf.Graph().as_default():
+        with pytest.raises(RuntimeError, match="TensorFlow 2 modes only"):
+            hvd.DistributedOptimizer(tf.keras.optimizers.legacy.SGD(0.1), compression=tfcomp.TopK(0.1))
+
+
+def test_strategy_scope_is_refused_at_construction():
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        with pytest.raises(RuntimeError, match="runs under Horovod"):
+            tfcomp.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=tfcomp.DRAGONN())
+
+
+@pytest.mark.parametrize("compression", [tfcomp.DRAGONN, "dragonn", 3])
+@pytest.mark.parametrize("entry", ["horovod", "tfcomp"])
+def test_wrong_compression_is_a_type_error_at_construction(entry, compression):
+    wrap = hvd.DistributedOptimizer if entry == "horovod" else tfcomp.DistributedOptimizer
+    with pytest.raises(TypeError, match="compression"):
+        wrap(tf.keras.optimizers.SGD(0.1), compression=compression)
+
+
+@pytest.mark.parametrize("factor", [float("nan"), float("inf"), 0.0, -1.0])
+def test_bad_gradient_predivide_factor_is_refused_at_construction(factor):
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=tfcomp.TopK(0.1),
+                                 gradient_predivide_factor=factor)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

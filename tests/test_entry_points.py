@@ -1,0 +1,86 @@
+"""Horovod's TF2 custom-loop patterns with tfcomp compressors, on 2 workers: tests/entry_points_worker.py
+runs under horovodrun and these tests assert on what every rank measured."""
+
+import glob
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO_ROOT, child_env, horovodrun
+
+WORKERS = 2
+
+
+def run_worker(out, *extra):
+    command = [*horovodrun(WORKERS), sys.executable, "-m", "tests.entry_points_worker", "--out", str(out), *extra]
+    env = child_env(TFCOMP_CALIBRATION_CACHE=str(out / "calibration.json"))  # cold
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    files = sorted(glob.glob(str(out / "rank*.json")))
+    assert len(files) == WORKERS, files
+    return [json.load(open(f)) for f in files]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    return run_worker(tmp_path_factory.mktemp("entry_points"))
+
+
+def values(reports, prefix):
+    """{name: [value on each rank]} for the keys under prefix."""
+    names = sorted({k.split("/", 1)[1] for r in reports for k in r if k.startswith(prefix + "/")})
+    return {name: [r[f"{prefix}/{name}"] for r in reports] for name in names}
+
+
+def test_tape_inside_and_outside_tf_function_keeps_one_exchange(reports):
+    labels = {f"{name} {mode}" for name in ("NoCompression", "FP16", "TopK ratio 1", "TopK", "DRAGONN", "DGC")
+              for mode in ("tf.function", "eager")}
+    assert set(values(reports, "exchanges")) == labels
+    assert all(v == [1, 1] for v in values(reports, "exchanges").values())
+    assert all(v == [1, 1] for v in values(reports, "plans").values())
+    assert all(v == [4, 4] for v in values(reports, "steps").values())
+
+
+def test_tape_residuals_are_created_once_per_variable(reports):
+    residuals = values(reports, "residuals")
+    assert all(residuals[f"{name} {mode}"] == [1, 1] for name in ("TopK", "DRAGONN", "DGC")
+               for mode in ("tf.function", "eager"))
+    assert all(residuals[f"{name} {mode}"] == [0, 0] for name in ("NoCompression", "FP16")
+               for mode in ("tf.function", "eager"))
+
+
+def test_tape_weights_identical_on_all_ranks(reports):
+    spreads = values(reports, "spread")
+    assert {n: s for n, s in spreads.items() if n != "partial tape, local layer" and max(s) != 0.0} == {}
+    # PartialDistributedGradientTape: the local layer trains on each rank's own data.
+    assert min(spreads["partial tape, local layer"]) > 1e-4
+
+
+def test_lossless_tape_equals_plain_horovod(reports):
+    differ = values(reports, "horovod_differs")
+    assert len(differ) == 6
+    assert {n: d for n, d in differ.items() if max(d) != 0.0} == {}
+
+
+def test_watched_tensors_keep_their_residuals_and_float64_is_exact(reports):
+    found = values(reports, "watched")
+    assert found["steps"] == [6, 6]
+    assert found["residuals"] == [1, 1]
+    assert found["residual_nonzero"] == [True, True]
+    assert found["spread"] == [0.0, 0.0]
+    assert found["float64_dtype"] == ["float64", "float64"]
+    assert max(found["float64_relative_error"]) <= 1e-15
+
+
+@pytest.mark.parametrize("kind, what", [("compressor", "compressor"), ("model", "gradients")])
+def test_ranks_that_disagree_raise_on_every_rank(tmp_path, kind, what):
+    found = run_worker(tmp_path, "--mismatch", kind)
+    messages = [r["mismatch/error"] for r in found]
+    assert all(m.startswith(f"tfcomp: the ranks' exchanges differ in {what}") for m in messages), messages
+    assert all("ranks that differ from rank 0: [1]" in m for m in messages), messages
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
