@@ -131,7 +131,7 @@ class GradientExchange(tf.Module):
         self.gradient_predivide_factor = float(factor)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
-        self.state = ExchangeState()
+        self.state = ExchangeState(process_set.rank(), process_set.size()) if process_set.included() else ExchangeState()
         collectives = collectives or HorovodCollectives(process_set)
         self._collectives = collectives
         self._step_graph = StepGraph(compressor, self.state, collectives, op=op,
@@ -215,6 +215,7 @@ class GradientExchange(tf.Module):
         cache_key = (tuple(k if isinstance(k, tuple) else k.ref() for k in keys), signature)
         if cache_key in self._plans:
             return self._plans[cache_key]
+        self._warn_if_restored_from_another_rank()
         candidates = [i for i, g in enumerate(grads) if self._compressible(g)]
         # Backprop order: the last variables' gradients are computed first.
         tensors = [(i, names[i], int(grads[i].shape.num_elements())) for i in reversed(candidates)]
@@ -227,6 +228,19 @@ class GradientExchange(tf.Module):
         self._plans[cache_key] = entry = _PlanEntry(plan, keys)
         self.plan = plan
         return entry
+
+    def _warn_if_restored_from_another_rank(self) -> None:
+        """Says so, once, when the residuals were restored from a checkpoint another rank (or
+        another world size) saved: training then goes on, but not as an uninterrupted run would."""
+        here = (self.process_set.rank(), self.process_set.size())
+        with tf.init_scope():
+            rank, size = (int(v) for v in self.state.owner.numpy())
+            self.state.owner.assign(list(here))
+        if (rank, size) != here and self.compressor.error_feedback:
+            print(f"tfcomp: rank {here[0]} of {here[1]} restored error-feedback residuals saved by rank {rank} of "
+                  f"{size}; it goes on with them (an estimate of the update still owed), so training is not "
+                  "bit-identical to an uninterrupted run. Save a checkpoint on every rank (one file per rank) "
+                  "to resume exactly.", flush=True)
 
     # -- reporting ---------------------------------------------------------------------------------
 

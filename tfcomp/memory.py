@@ -67,11 +67,14 @@ class ErrorFeedback(tf.Module):
 
 
 class ExchangeState(tf.Module):
-    """What an exchange carries from step to step: `memory` (ErrorFeedback) and `step`, an int64
-    scalar variable counting communicating steps (the per-step seeds derive from it)."""
+    """What an exchange carries from step to step: `memory` (ErrorFeedback), `step`, an int64
+    scalar variable counting communicating steps (the per-step seeds derive from it), and
+    `owner`, int64 [2]: the rank and world size whose residuals these are (a checkpoint restores
+    it with the residuals, so a rank can tell that it got another rank's)."""
 
-    def __init__(self, name: str = "exchange_state"):
+    def __init__(self, rank: int = 0, size: int = 1, name: str = "exchange_state"):
         super().__init__(name=name)
         self.memory = ErrorFeedback()
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="communication_step")
+            self.owner = tf.Variable([rank, size], dtype=tf.int64, trainable=False, name="owner")
