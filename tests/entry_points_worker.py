@@ -153,6 +153,50 @@ def check_watched_tensors(report):
     report["watched/float64_relative_error"] = float(np.max(np.abs(gw.numpy() - average) / np.abs(average)))
 
 
+def check_rank0_checkpoint(report, directory: str):
+    """Horovod's usual pattern: only rank 0 saves, every rank restores its file. With
+    gather_state on every rank before the save, the resumed run equals the uninterrupted one;
+    without it, each rank goes on with rank 0's memory."""
+    batches = local_batches() * 2  # 8 steps, saved after 4
+
+    def fresh(name):
+        model = make_model()
+        model(batches[0][0][:1])
+        make = COMPRESSORS[name] if name != "DGC+momentum" else (
+            lambda: tfcomp.DGC(0.05, momentum=0.9, planning="off", min_elements=256))
+        opt = tfcomp.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=make())
+        return model, opt
+
+    def train(model, opt, part):
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            opt.minimize(loss, model.trainable_variables, tape=tape)
+
+        for x, y in part:
+            step(x, y)
+
+    for name in ("DRAGONN", "DGC", "TopK", "DGC+momentum"):
+        straight = fresh(name)
+        train(*straight, batches)
+        for gather in (True, False):
+            label = f"{name}{'' if gather else ' without gather_state'}"
+            model, opt = fresh(name)
+            train(model, opt, batches[:4])
+            if gather:
+                tfcomp.checkpointing.gather_state(opt)
+            prefix = os.path.join(directory, label.replace(" ", "_"), "ckpt")
+            path = tf.train.Checkpoint(model=model, optimizer=opt).save(prefix) if hvd.rank() == 0 else ""
+            path = hvd.broadcast_object(path, root_rank=0)  # also a barrier: the file is written
+            resumed, resumed_opt = fresh(name)
+            tf.train.Checkpoint(model=resumed, optimizer=resumed_opt).restore(path)
+            train(resumed, resumed_opt, batches[4:])
+            report[f"rank0_resume_differs/{label}"] = max(
+                float(np.max(np.abs(a - b))) for a, b in zip(straight[0].get_weights(), resumed.get_weights()))
+            report[f"rank0_resume_step/{label}"] = int(tfcomp.exchange_of(resumed_opt).step.numpy())
+
+
 def check_mismatch(report, kind: str):
     """Ranks that disagree: every rank must raise PlanMismatchError, quickly."""
     rng = np.random.default_rng(hvd.rank())
@@ -181,6 +225,7 @@ def main():
     else:
         check_tapes(report)
         check_watched_tensors(report)
+        check_rank0_checkpoint(report, args.out)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)
 

@@ -74,6 +74,16 @@ def test_watched_tensors_keep_their_residuals_and_float64_is_exact(reports):
     assert max(found["float64_relative_error"]) <= 1e-15
 
 
+def test_rank0_only_checkpoint_resumes_exactly_after_gather_state(reports):
+    differ = values(reports, "rank0_resume_differs")
+    exact = {n: d for n, d in differ.items() if "without" not in n}
+    assert set(exact) == {"DRAGONN", "DGC", "TopK", "DGC+momentum"}
+    assert {n: d for n, d in exact.items() if max(d) != 0.0} == {}
+    # Without it every rank goes on with rank 0's memory: the run is not the uninterrupted one.
+    assert all(min(d) > 0.0 for n, d in differ.items() if "without" in n)
+    assert all(s == [8, 8] for s in values(reports, "rank0_resume_step").values())
+
+
 @pytest.mark.parametrize("kind, what", [("compressor", "compressor"), ("model", "gradients")])
 def test_ranks_that_disagree_raise_on_every_rank(tmp_path, kind, what):
     found = run_worker(tmp_path, "--mismatch", kind)

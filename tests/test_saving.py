@@ -58,5 +58,25 @@ def test_residuals_saved_by_another_rank_are_reported(rng, tmp_path, capsys):
     assert list(tfcomp.exchange_of(restored_opt).state.owner.numpy()) == [0, 1]
 
 
+@pytest.mark.parametrize("saved_ranks, expected", [(2, "exact"), (3, "mean")])
+def test_gathered_memory_restores_own_row_or_the_mean(rng, tmp_path, saved_ranks, expected):
+    rows = rng.standard_normal((saved_ranks, 10)).astype(np.float32)
+    saved = tfcomp.memory.ExchangeState()
+    saved.memory.residual(("watched tensor", 0), 10)
+    saved.gathered_vector(0).assign(rows)
+    saved.gathered_vector(1).assign(tf.zeros([saved_ranks, 0]))  # the (empty) momentum
+    saved.step.assign(7)
+    saved.gathered_step.assign(7)
+    path = tf.train.Checkpoint(state=saved).save(str(tmp_path / "ckpt"))
+
+    restored = tfcomp.memory.ExchangeState()
+    tf.train.Checkpoint(state=restored).restore(path)
+    residual = restored.memory.residual(("watched tensor", 0), 10)  # created after the restore, as in training
+    assert restored.adopt_gathered(rank=1, size=2) == expected
+    np.testing.assert_array_equal(residual.numpy(), rows[1] if expected == "exact" else rows.mean(axis=0))
+    assert int(restored.gathered_step.numpy()) == -1
+    assert restored.gathered_vector(0).numpy().size == 0
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

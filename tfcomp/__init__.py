@@ -13,7 +13,7 @@ strategies on the cost model (`tfcomp.planning`, `tfcomp.cost_model`); `python -
 asks the same model about other clusters.
 """
 
-from tfcomp import calibration, cost_model, ops, planning
+from tfcomp import calibration, checkpointing, cost_model, ops, planning
 from tfcomp.compressors import DGC, DRAGONN, FP16, QSGD, Compressor, EFSignSGD, NoCompression, RandomK, TopK
 from tfcomp.exchange import GradientExchange
 from tfcomp.horovod_glue import exchange_of
@@ -37,6 +37,7 @@ __all__ = [
     "TopK",
     "__version__",
     "calibration",
+    "checkpointing",
     "cost_model",
     "exchange_of",
     "ops",

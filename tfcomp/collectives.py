@@ -13,7 +13,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["HorovodCollectives", "LocalCollectives", "allgather_integers", "broadcast_floats", "grouped_by_dtype"]
+__all__ = ["HorovodCollectives", "LocalCollectives", "allgather_integers", "allgather_rows", "broadcast_floats",
+           "grouped_by_dtype"]
 
 
 def grouped_by_dtype(collective, tensors, **kwargs):
@@ -82,6 +83,16 @@ def allgather_integers(values, process_set, name: str) -> np.ndarray:
     with tf.init_scope():
         mine = tf.constant([list(values)], tf.int64)
         return hvd.allgather(mine, process_set=process_set, name=name).numpy()
+
+
+def allgather_rows(vectors, process_set, name: str) -> list:
+    """For each [n] tensor of `vectors`, [ranks, n]: every rank's, in rank order (one grouped
+    allgather, eagerly; every rank must give vectors of the same sizes)."""
+    if not vectors:
+        return []
+    with tf.init_scope():
+        rows = [tf.reshape(v, [1, -1]) for v in vectors]
+        return grouped_by_dtype(hvd.grouped_allgather, rows, process_set=process_set, name=name)
 
 
 def broadcast_floats(values, process_set, name: str, root: int = 0) -> np.ndarray:

@@ -215,13 +215,13 @@ class GradientExchange(tf.Module):
         cache_key = (tuple(k if isinstance(k, tuple) else k.ref() for k in keys), signature)
         if cache_key in self._plans:
             return self._plans[cache_key]
-        self._warn_if_restored_from_another_rank()
         candidates = [i for i, g in enumerate(grads) if self._compressible(g)]
         # Backprop order: the last variables' gradients are computed first.
         tensors = [(i, names[i], int(grads[i].shape.num_elements())) for i in reversed(candidates)]
         with tf.init_scope():
             plan = self._fixed_plan if self._fixed_plan is not None else self._planner.plan(tensors, signature)
             self._step_graph.create_state(plan, grads, keys)
+        self._take_restored_state()
         size = self.process_set.size()
         if self.process_set.rank() == 0 and size > 1 and self.compressor.planning == "auto" and tensors:
             print(f"tfcomp: calibrated in {self.calibration_seconds:.1f} s\n{plan.table()}", flush=True)
@@ -229,18 +229,25 @@ class GradientExchange(tf.Module):
         self.plan = plan
         return entry
 
-    def _warn_if_restored_from_another_rank(self) -> None:
-        """Says so, once, when the residuals were restored from a checkpoint another rank (or
-        another world size) saved: training then goes on, but not as an uninterrupted run would."""
+    def _take_restored_state(self) -> None:
+        """After a restore (the first time a list of gradients is seen): takes this rank's own
+        memory from a checkpoint that carries every rank's (`tfcomp.checkpointing.gather_state`
+        ran before it was saved), or, from one saved by another number of ranks, their mean (the
+        update still owed). Otherwise, if the memory is another rank's, says so once: training
+        then goes on, but not as an uninterrupted run would."""
         here = (self.process_set.rank(), self.process_set.size())
         with tf.init_scope():
             rank, size = (int(v) for v in self.state.owner.numpy())
             self.state.owner.assign(list(here))
-        if (rank, size) != here and self.compressor.error_feedback:
+        taken = self.state.adopt_gathered(*here)
+        if taken == "mean":
+            print(f"tfcomp: the checkpoint holds the error-feedback memory of {size} ranks; this job has "
+                  f"{here[1]}, so every rank goes on with their mean (the update still owed)", flush=True)
+        elif not taken and (rank, size) != here and self.compressor.error_feedback:
             print(f"tfcomp: rank {here[0]} of {here[1]} restored error-feedback residuals saved by rank {rank} of "
                   f"{size}; it goes on with them (an estimate of the update still owed), so training is not "
-                  "bit-identical to an uninterrupted run. Save a checkpoint on every rank (one file per rank) "
-                  "to resume exactly.", flush=True)
+                  "bit-identical to an uninterrupted run. Call tfcomp.checkpointing.gather_state(optimizer) on "
+                  "every rank right before rank 0 saves to resume exactly.", flush=True)
 
     # -- reporting ---------------------------------------------------------------------------------
 

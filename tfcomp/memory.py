@@ -67,14 +67,59 @@ class ErrorFeedback(tf.Module):
 
 
 class ExchangeState(tf.Module):
-    """What an exchange carries from step to step: `memory` (ErrorFeedback), `step`, an int64
-    scalar variable counting communicating steps (the per-step seeds derive from it), and
-    `owner`, int64 [2]: the rank and world size whose residuals these are (a checkpoint restores
-    it with the residuals, so a rank can tell that it got another rank's)."""
+    """What an exchange carries from step to step, tracked for checkpoints:
+
+      memory: the `ErrorFeedback` (residuals, DGC momenta) of this rank;
+      step: int64 scalar, communicating steps so far (the per-step seeds derive from it);
+      owner: int64 [2], the rank and world size whose memory this is (a checkpoint restores it
+        with the memory, so a rank can tell that it got another rank's);
+      gathered_step: int64 scalar, the step at which `tfcomp.checkpointing.gather_state` last
+        gathered every rank's memory (-1: never);
+      gathered: float32 variables of any shape, one per memory vector (residuals, then momenta,
+        in slot order): on rank 0, [ranks, n], every rank's vector as of gathered_step (so a
+        checkpoint rank 0 writes carries them all); elsewhere empty.
+    """
 
     def __init__(self, rank: int = 0, size: int = 1, name: str = "exchange_state"):
         super().__init__(name=name)
         self.memory = ErrorFeedback()
+        self.gathered = []
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="communication_step")
             self.owner = tf.Variable([rank, size], dtype=tf.int64, trainable=False, name="owner")
+            self.gathered_step = tf.Variable(-1, dtype=tf.int64, trainable=False, name="gathered_step")
+
+    def memory_vectors(self) -> list:
+        """Every memory variable of this rank, in the order `gathered` keeps them."""
+        return list(self.memory.residuals) + list(self.memory.momenta)
+
+    def gathered_vector(self, index: int) -> tf.Variable:
+        """The gathered variable of memory vector `index`, created empty on first use (a restore
+        waiting for it then fills it)."""
+        with tf.init_scope():
+            while len(self.gathered) <= index:
+                self.gathered.append(tf.Variable(tf.zeros([0]), shape=tf.TensorShape(None), trainable=False,
+                                                 name=f"gathered_{len(self.gathered)}"))
+        return self.gathered[index]
+
+    def adopt_gathered(self, rank: int, size: int) -> str:
+        """After a restore: if the checkpoint holds every rank's memory gathered at the step it was
+        saved, takes this rank's row (or, saved by another number of ranks, the mean of the rows:
+        the update still owed) and frees the gathered copies. Returns "exact", "mean", or "" when
+        there was nothing to adopt. Runs eagerly."""
+        with tf.init_scope():
+            vectors = [v for v in self.memory_vectors() if v.shape.num_elements()]
+            if not vectors or int(self.gathered_step.numpy()) != int(self.step.numpy()):
+                return ""
+            kept = self.memory_vectors()
+            rows = [tf.convert_to_tensor(self.gathered_vector(i)) for i in range(len(kept))]
+            used = [(r, v) for r, v in zip(rows, kept) if v.shape.num_elements()]
+            if any(r.shape.rank != 2 or r.shape[1] != v.shape.num_elements() for r, v in used):
+                return ""
+            how = "exact" if all(r.shape[0] == size for r, _ in used) else "mean"
+            for r, v in used:
+                v.assign(r[rank] if how == "exact" else tf.reduce_mean(r, axis=0))
+            for g in self.gathered:
+                g.assign(tf.zeros([0]))
+            self.gathered_step.assign(-1)
+        return how
