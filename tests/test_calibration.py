@@ -10,7 +10,7 @@ import horovod.tensorflow as hvd
 import tfcomp
 from tfcomp import calibration, planning
 from tfcomp import cost_model as cm
-from tfcomp.exchange import LocalCollectives
+from tfcomp.collectives import LocalCollectives
 
 
 @pytest.mark.parametrize("workers", [2, 3, 8])

@@ -131,8 +131,8 @@ class GradientExchange(tf.Module):
         self.gradient_predivide_factor = float(factor)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
-        self.state = ExchangeState(process_set.rank(), process_set.size()) if process_set.included() else ExchangeState()
         collectives = collectives or HorovodCollectives(process_set)
+        self.state = ExchangeState(collectives.rank, collectives.size) if collectives.included() else ExchangeState()
         self._collectives = collectives
         self._step_graph = StepGraph(compressor, self.state, collectives, op=op,
                                      gradient_predivide_factor=self.gradient_predivide_factor, process_set=process_set)
@@ -222,8 +222,7 @@ class GradientExchange(tf.Module):
             plan = self._fixed_plan if self._fixed_plan is not None else self._planner.plan(tensors, signature)
             self._step_graph.create_state(plan, grads, keys)
         self._take_restored_state()
-        size = self.process_set.size()
-        if self.process_set.rank() == 0 and size > 1 and self.compressor.planning == "auto" and tensors:
+        if self._collectives.rank == 0 and self._collectives.size > 1 and self.compressor.planning == "auto" and tensors:
             print(f"tfcomp: calibrated in {self.calibration_seconds:.1f} s\n{plan.table()}", flush=True)
         self._plans[cache_key] = entry = _PlanEntry(plan, keys)
         self.plan = plan
@@ -235,7 +234,7 @@ class GradientExchange(tf.Module):
         ran before it was saved), or, from one saved by another number of ranks, their mean (the
         update still owed). Otherwise, if the memory is another rank's, says so once: training
         then goes on, but not as an uninterrupted run would."""
-        here = (self.process_set.rank(), self.process_set.size())
+        here = (self._collectives.rank, self._collectives.size)
         with tf.init_scope():
             rank, size = (int(v) for v in self.state.owner.numpy())
             self.state.owner.assign(list(here))
