@@ -78,5 +78,19 @@ def test_gathered_memory_restores_own_row_or_the_mean(rng, tmp_path, saved_ranks
     assert restored.gathered_vector(0).numpy().size == 0
 
 
+@pytest.mark.parametrize("loader", [tf.keras.models.load_model, hvd.load_model], ids=["keras", "horovod"])
+@pytest.mark.parametrize("file_name", ["model.keras", "saved_model"])
+def test_saved_model_files_load_with_the_inner_optimizer(rng, tmp_path, loader, file_name):
+    hvd.init()
+    x = rng.standard_normal((32, 32)).astype(np.float32)
+    model, _ = build()
+    model.fit(x, x[:, :1], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    model.save(str(tmp_path / file_name))
+    loaded = loader(str(tmp_path / file_name))
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert loaded.optimizer.__class__.__name__ == "SGD"
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
