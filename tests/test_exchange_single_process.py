@@ -595,5 +595,24 @@ def test_checkpoint_of_a_keras_optimizer_carries_the_exchange(rng, tmp_path):
     assert any(n.startswith("optimizer/") and "/memory/residuals/0/" in n for n in names), names
 
 
+
+@pytest.mark.parametrize("dtype", [tf.float64, tf.int32, tf.int64])
+def test_gradients_of_other_dtypes_are_reduced_as_horovod_reduces_them(rng, dtype):
+    values = (rng.standard_normal(3000) * 1e3).astype(dtype.as_numpy_dtype)
+    if dtype == tf.float64:
+        values[7] = 1e300  # beyond float32's range: a compressed bucket would turn it into inf or NaN
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.01, planning="off", min_elements=1))
+    reduced, = exchange([tf.constant(values)], [tf.Variable(tf.zeros([3000], dtype))])
+    assert reduced.dtype == dtype
+    np.testing.assert_array_equal(reduced.numpy(), hvd.allreduce(tf.constant(values)).numpy())
+    assert exchange.records[0].strategy == "allreduce" and not exchange.memory.residuals
+
+
+def test_more_gradients_than_sources_is_a_value_error():
+    exchange = tfcomp.GradientExchange(tfcomp.TopK(0.1))
+    with pytest.raises(ValueError, match="got 2 gradients for 1 sources"):
+        exchange([tf.ones([3]), tf.ones([3])], [tf.Variable(tf.zeros([3]))])
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
