@@ -149,6 +149,13 @@ class Compressor:
         """float32 [size]: the sum of all workers' payloads from the collective's results."""
         raise NotImplementedError
 
+    def sent_pairs(self, encoded: Encoded):
+        """(values float32 [m], indices int32 [m], -1 = empty) when this worker's payload is a
+        subset of its input's elements, sent exactly (then error feedback only clears them);
+        None when it is not (quantisers: the residual is input minus the decoded payload)."""
+        del encoded
+        return None
+
 
 class _Sparsifier(Compressor):
     """Payload (values [m] float32, indices [m] int32, -1 = empty); decode: one batched decode."""
@@ -173,6 +180,9 @@ class _Sparsifier(Compressor):
     def decode_sum(self, wire, context, size, num_workers):
         values, indices = wire
         return ops.sparse_batched_decode(values, indices, size)
+
+    def sent_pairs(self, encoded):
+        return encoded.wire
 
 
 class DRAGONN(_Sparsifier):
@@ -274,6 +284,9 @@ class RandomK(Compressor):
 
     def decode_sum(self, wire, context, size, num_workers):
         return ops.sparse_batched_decode(wire[0], context, size)
+
+    def sent_pairs(self, encoded):
+        return encoded.wire[0], encoded.context
 
 
 class EFSignSGD(Compressor):

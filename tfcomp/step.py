@@ -35,12 +35,23 @@ __all__ = ["StepGraph", "wire_bytes"]
 
 
 class _Payload(NamedTuple):
-    """One bucket's wire tensors, what decoding needs besides them, and the dense value of what this
-    worker sent (float32 [n], for error feedback; None without)."""
+    """One bucket's wire tensors, what decoding needs besides them, and what this worker sent, for
+    error feedback: (values, indices) pairs taken from the accumulated gradient, or their dense
+    value (float32 [n]) for the quantisers; None without error feedback."""
 
     wire: tuple
     context: object
     sent: object
+
+
+class _MemoryUpdate(NamedTuple):
+    """What one bucket's error feedback keeps: the accumulated gradient (float32 [n]) less what was
+    sent (`_Payload.sent`; None after a warm-up step, which sent everything), and DGC's momentum
+    (float32 [n] or None)."""
+
+    accumulated: tf.Tensor
+    sent: object
+    momentum: object
 
 
 def _concat(flats):
@@ -144,23 +155,30 @@ class StepGraph:
         """The reduced flat float32 tensor of each compressed bucket, with the memory updated."""
         compressor = self.compressor
         accumulated = [self._accumulate_bucket(b, grads, sources) for b in buckets]
+        dense_finite = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(o)))
+                        for o in dense_results if o is not None and o.dtype.is_floating]
+
+        def compressed():
+            return self._with_memory_update(buckets, sources, sizes, *self._send_compressed(accumulated, buckets),
+                                            dense_finite)
+
         if compressor.warmup_steps > 0:
-            reduced, memory = tf.cond(self.state.step < compressor.warmup_steps,
-                                      lambda: self._send_dense(accumulated),
-                                      lambda: self._send_compressed(accumulated, buckets))
-        else:
-            reduced, memory = self._send_compressed(accumulated, buckets)
-        if not compressor.error_feedback:
+            def dense():
+                return self._with_memory_update(buckets, sources, sizes, *self._send_dense(accumulated), dense_finite)
+
+            return tf.cond(self.state.step < compressor.warmup_steps, dense, compressed)
+        return compressed()
+
+    def _with_memory_update(self, buckets, sources, sizes, reduced, updates, dense_finite):
+        """`reduced`, once the buckets' memory is updated: unless some reduced gradient is not
+        finite (a step a loss-scale optimizer skips), when the memory stays as it was."""
+        if not self.compressor.error_feedback:
             return reduced
-        # A step whose reduced gradients are not all finite is one a loss-scale optimizer skips:
-        # the memory stays as it was.
-        finite = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(r)))
-                  for r in list(reduced) + [o for o in dense_results if o is not None and o.dtype.is_floating]]
+        finite = [tf.reduce_all(tf.math.is_finite(r)) for r in reduced] + dense_finite
         keep = tf.logical_not(tf.reduce_all(finite))
-        updates = []
-        for bucket, (new_residual, new_momentum) in zip(buckets, memory):
-            updates += self._update_memory(bucket, sources, sizes, new_residual, new_momentum, keep)
-        with tf.control_dependencies(updates):
+        assigned = tf.cond(keep, tf.no_op, lambda: tf.group(
+            [self._update_memory(b, sources, sizes, u) for b, u in zip(buckets, updates)]))
+        with tf.control_dependencies([assigned]):
             return [tf.identity(r) for r in reduced]
 
     def _accumulate_bucket(self, bucket, grads, sources):
@@ -184,46 +202,68 @@ class StepGraph:
         momentum = compressor.momentum * memory.momentum(source, size) + flat
         return residual + momentum, momentum
 
-    def _update_memory(self, bucket, sources, sizes, new_residual, new_momentum, keep):
-        """Assigns the new memory of the bucket's sources unless `keep` (a bool tensor) says not to."""
-        residuals = _split(new_residual, bucket, sizes)
-        momenta = [None] * len(residuals) if new_momentum is None else _split(new_momentum, bucket, sizes)
+    def _update_memory(self, bucket, sources, sizes, update):
+        """The assignments of the bucket's new memory: each residual becomes its part of the
+        accumulated gradient with the sent elements cleared in place (k writes, no dense copy of
+        what was sent), or less the dense value the quantisers sent, or zero after a warm-up step;
+        DGC's momentum is cleared where a non-zero value was sent (factor masking)."""
         memory = self.state.memory
-        updates = []
-        for i, part, momentum_part in zip(bucket.positions, residuals, momenta):
-            residual = memory.residual(sources[i], sizes[i], with_momentum=momentum_part is not None)
-            updates.append(residual.assign(tf.where(keep, residual, part)))
+        accumulated = _split(update.accumulated, bucket, sizes)
+        momenta = [None] * len(accumulated) if update.momentum is None else _split(update.momentum, bucket, sizes)
+        dense_sent = None if update.sent is None or isinstance(update.sent, tuple) else _split(update.sent, bucket, sizes)
+        assignments, offset = [], 0
+        for n, (i, part, momentum_part) in enumerate(zip(bucket.positions, accumulated, momenta)):
+            variables = [memory.residual(sources[i], sizes[i], with_momentum=momentum_part is not None)]
+            values = [part]
             if momentum_part is not None:
-                momentum = memory.momentum(sources[i], sizes[i])
-                updates.append(momentum.assign(tf.where(keep, momentum, momentum_part)))
-        return updates
+                variables.append(memory.momentum(sources[i], sizes[i]))
+                values.append(momentum_part)
+            if update.sent is None:
+                assignments += [v.assign(tf.zeros_like(x)) for v, x in zip(variables, values)]
+            elif dense_sent is not None:
+                sent = dense_sent[n]
+                assignments.append(variables[0].assign(part - sent))
+                if momentum_part is not None:
+                    assignments.append(variables[1].assign(tf.where(sent != 0, 0.0, momentum_part)))
+            else:
+                sent_values, sent_indices = update.sent
+                here = (sent_indices >= offset) & (sent_indices < offset + sizes[i]) & (sent_values != 0)
+                cleared = tf.reshape(tf.boolean_mask(sent_indices, here) - offset, [-1, 1])
+                zeros = tf.zeros(tf.shape(cleared)[:1], tf.float32)
+                for v, x in zip(variables, values):
+                    with tf.control_dependencies([v.assign(x)]):
+                        assignments.append(v.scatter_nd_update(cleared, zeros))
+            offset += sizes[i]
+        return tf.group(assignments)
 
     def _send_compressed(self, accumulated, buckets):
         """Encodes, exchanges and decodes the accumulated buckets.
 
-        Returns (reduced buckets, [(new residual, new momentum or None)] or []). Buckets of one
-        strategy share one grouped collective. A non-finite value anywhere in a bucket on any worker
-        makes the bucket's reduced values NaN, as a dense allreduce would, even where the compressor
-        did not send that value: each bucket's count of such values rides along with its payload.
+        Returns (reduced buckets, [_MemoryUpdate] or []). Buckets of one strategy share one grouped
+        collective. A non-finite value anywhere in a bucket on any worker makes the bucket's
+        reduced values NaN, as a dense allreduce would, even where the compressor did not send
+        that value: each bucket's flag of such values rides along with its payload.
         """
         compressor = self.compressor
         num_workers = self.collectives.size
         worker = self.collectives.rank
         step = self.state.step
-        payloads, memory = [], []
+        payloads, updates = [], []
         for position, ((acc, momentum), bucket) in enumerate(zip(accumulated, buckets)):
             seed = step * 65536 + position
             if bucket.strategy == "artopk":
                 payload = self._artopk_payload(acc, seed, worker, num_workers)
             else:
                 encoded = compressor.encode(acc, seed, worker)
-                payload = _Payload(encoded.wire, encoded.context,
-                                   compressor.decode_local(encoded, int(acc.shape[0])) if compressor.error_feedback else None)
-            non_finite = tf.reshape(tf.reduce_sum(tf.cast(~tf.math.is_finite(acc), tf.float32)), [1])
+                sent = None
+                if compressor.error_feedback:
+                    sent = compressor.sent_pairs(encoded) or compressor.decode_local(encoded, int(acc.shape[0]))
+                payload = _Payload(encoded.wire, encoded.context, sent)
+            non_finite = tf.reshape(tf.cast(tf.reduce_any(tf.logical_not(tf.math.is_finite(acc))), tf.float32), [1])
             payloads.append(payload._replace(wire=tuple(payload.wire) + (non_finite,)))
             if compressor.error_feedback:
-                new_momentum = None if momentum is None else tf.where(payload.sent != 0, 0.0, momentum)
-                memory.append((acc - payload.sent, new_momentum))
+                updates.append(_MemoryUpdate(acc, tuple(payload.sent) if isinstance(payload.sent, (tuple, list))
+                                             else payload.sent, momentum))
         received = [None] * len(buckets)
         for strategy in ("allgather", "allreduce", "artopk"):
             members = [n for n, b in enumerate(buckets) if b.strategy == strategy]
@@ -246,8 +286,9 @@ class StepGraph:
             else:
                 total = compressor.decode_sum(wire[:-1], payload.context, size, num_workers)
             total = total / num_workers if self.op == hvd.Average else total
-            reduced.append(tf.where(tf.reduce_sum(wire[-1]) > 0, float("nan"), total))
-        return reduced, memory
+            # Adding a scalar (NaN if any worker had a non-finite value, else 0) reuses the buffer.
+            reduced.append(total + tf.where(tf.reduce_sum(wire[-1]) > 0, float("nan"), 0.0))
+        return reduced, updates
 
     def _artopk_payload(self, acc, seed, worker, num_workers):
         """AR-Topk (003 Algorithm 1): the owner's selected indices are broadcast, every worker sends
@@ -264,15 +305,12 @@ class StepGraph:
             for root in range(num_workers)
         ])
         values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
-        size = int(acc.shape[0])
-        sent = ops.sparse_batched_decode(values, indices, size) if self.compressor.error_feedback else None
-        return _Payload((values,), indices, sent)
+        return _Payload((values,), indices, (values, indices) if self.compressor.error_feedback else None)
 
     def _send_dense(self, accumulated):
         """Warm-up: gradient plus residual sent dense; the memory is then empty."""
         reduced = list(self._allreduce_dense([acc for acc, _ in accumulated]))
-        memory = []
+        updates = []
         if self.compressor.error_feedback:
-            memory = [(tf.zeros_like(acc), None if momentum is None else tf.zeros_like(acc))
-                      for acc, momentum in accumulated]
-        return reduced, memory
+            updates = [_MemoryUpdate(acc, None, momentum) for acc, momentum in accumulated]
+        return reduced, updates
