@@ -77,7 +77,8 @@ def test_bad_arguments(call, message):
 
 
 def random_cluster(rng) -> cm.ClusterModel:
-    return cm.ClusterModel(int(rng.integers(1, 1000)), cm.Network(float(rng.uniform(0, 1e-2)), float(rng.uniform(1e6, 1e11))),
+    return cm.ClusterModel(int(rng.integers(1, 1000)),
+                           cm.Network(float(rng.uniform(0, 1e-2)), float(rng.uniform(1e6, 1e11))),
                            cm.Network(float(rng.uniform(0, 1e-2)), float(rng.uniform(1e6, 1e11))),
                            cm.AffineCost(float(rng.uniform(0, 1e-2)), float(rng.uniform(0, 1e-8))),
                            float(rng.uniform(0, 1e-4)), float(rng.uniform(0, 1e-4)), float(rng.uniform(0, 1e-9)),
@@ -121,7 +122,8 @@ def test_networks_of_absurd_figures_are_refused_in_a_cluster_model(rng):
     ClusterModel refuses a latency of more than an hour or a bandwidth of more than 1e18 B/s."""
     model = random_cluster(rng)
     latency = float(10 ** rng.uniform(3.6, 308))
-    with pytest.raises(ValueError, match=rf"ClusterModel.allreduce.latency must be .* \[0, 3600\], got {re.escape(repr(latency))}"):
+    message = rf"ClusterModel.allreduce.latency must be .* \[0, 3600\], got {re.escape(repr(latency))}"
+    with pytest.raises(ValueError, match=message):
         dataclasses.replace(model, allreduce=cm.Network(latency, 1e9))
     with pytest.raises(ValueError, match=r"ClusterModel.allgather.bandwidth must be .* \(0, 1e\+18\], got 1e\+300"):
         dataclasses.replace(model, allgather=cm.Network(0.0, 1e300))
@@ -130,7 +132,8 @@ def test_networks_of_absurd_figures_are_refused_in_a_cluster_model(rng):
 @pytest.mark.parametrize("workers", [0, -1, 2.0, True, np.int64(0), 2**31])
 def test_cluster_model_workers_must_be_an_int_of_at_least_one(workers):
     net = cm.Network(1e-4, 1e9)
-    with pytest.raises(ValueError, match=rf"ClusterModel.workers must be an integer in \[1, 2147483647\], got {re.escape(repr(workers))}"):
+    message = rf"ClusterModel.workers must be an integer in \[1, 2147483647\], got {re.escape(repr(workers))}"
+    with pytest.raises(ValueError, match=message):
         cm.ClusterModel(workers, net, net, cm.AffineCost(0.0, 0.0))
 
 
