@@ -411,7 +411,7 @@ BAD_ARGUMENTS = (
     + [(cls, "num_samples", {"num_samples": bad}, bad) for cls in (tfcomp.DRAGONN, tfcomp.DGC)
        for bad in (2**31, 2**63, 1e5, math.nan, math.inf, True, np.bool_(True), "65536")]
     + [(tfcomp.DRAGONN, "slots_per_element", {"slots_per_element": bad}, bad)
-       for bad in (math.inf, math.nan, -math.inf, 1e308, 1024.5, 10**400, np.float32(math.inf))]
+       for bad in (math.inf, math.nan, -math.inf, 1e308, 2.0**31, 2**31, 10**400, np.float32(math.inf))]
     + [(tfcomp.QSGD, "bits", {"bits": bad}, bad) for bad in (math.nan, math.inf, np.int64(8), 10**30)]
     + [(cls, "momentum", {"momentum": bad}, bad) for cls in NON_DENSE for bad in (math.nan, math.inf, -math.inf)]
     + [(cls, "warmup_steps", {"warmup_steps": bad}, bad) for cls in NON_DENSE
@@ -446,9 +446,9 @@ def test_random_values_past_the_integer_ranges_are_refused(rng, cls):
 
 
 def test_largest_values_are_accepted_and_stored_as_python_numbers(rng):
-    biggest = tfcomp.DRAGONN(np.float32(0.5), slots_per_element=1024, num_samples=np.int64(2**31 - 1),
+    biggest = tfcomp.DRAGONN(np.float32(0.5), slots_per_element=2**31 - 1, num_samples=np.int64(2**31 - 1),
                              warmup_steps=2**63 - 1, min_elements=np.int32(7))
-    assert (biggest.slots_per_element, biggest.num_samples, biggest.warmup_steps) == (1024.0, 2**31 - 1, 2**63 - 1)
+    assert (biggest.slots_per_element, biggest.num_samples, biggest.warmup_steps) == (2.0**31 - 1, 2**31 - 1, 2**63 - 1)
     assert type(biggest.num_samples) is int and type(biggest.min_elements) is int and type(biggest.ratio) is float
     assert eval(repr(biggest), {"tfcomp": tfcomp}) == biggest  # noqa: S307
     assert tfcomp.QSGD(np.int8(3)).bits == 3 and type(tfcomp.QSGD(np.int8(3)).bits) is int

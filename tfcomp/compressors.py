@@ -57,7 +57,7 @@ class Encoded(NamedTuple):
 
 _INT32_MAX = 2**31 - 1  # the ops' int32 attributes and indices
 _INT64_MAX = 2**63 - 1  # the exchange's int64 step counter, TensorFlow's element counts
-_MAX_SLOTS_PER_ELEMENT = 1024.0
+_MAX_SLOTS_PER_ELEMENT = float(_INT32_MAX)  # a one-element selection's slots must fit the op
 
 
 def _is_real(value) -> bool:
@@ -200,7 +200,7 @@ class DRAGONN(_Sparsifier):
 
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
-      slots_per_element: num_slots = max(1, round(slots_per_element * ratio * size)), in (0, 1024].
+      slots_per_element: num_slots = max(1, round(slots_per_element * ratio * size)), in (0, 2^31 - 1].
         Default 1 (004's setting: about 63 % of the slots fill, 004 Lemma A.10). A tensor whose
         num_slots would pass 2^31 - 1 is a ValueError when it is encoded.
       num_samples: elements sampled to estimate the threshold, 1 to 2^31 - 1. Default 65536.
@@ -213,8 +213,7 @@ class DRAGONN(_Sparsifier):
 
     def __init__(self, ratio=0.001, *, slots_per_element=1.0, num_samples=65536, **kwargs):
         if not _is_real(slots_per_element) or not 0 < slots_per_element <= _MAX_SLOTS_PER_ELEMENT:
-            raise ValueError(f"slots_per_element must be a number in (0, {_MAX_SLOTS_PER_ELEMENT:g}], got "
-                             f"{slots_per_element!r}")
+            raise ValueError(f"slots_per_element must be a number in (0, 2^31 - 1], got {slots_per_element!r}")
         self.slots_per_element = float(slots_per_element)
         self.num_samples = _check_int("num_samples", num_samples, 1, _INT32_MAX, "the op's int32 range")
         super().__init__(ratio, **kwargs)
