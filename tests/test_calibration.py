@@ -1,6 +1,9 @@
 """Calibration pieces that run in one process: the network fit, the compression pipeline it times,
 the cache. (Calibration across ranks, with one rank's figures perturbed, is in test_multirank.py.)"""
 
+import json
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -196,8 +199,6 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
     calibration._write_cache(path, "key-b", cm.ClusterModel(2, model.allreduce, model.allgather, model.encode_decode))
     assert calibration._read_cache(path, "key-a") == model
     assert calibration._read_cache(path, "key-c") is None
-    (tmp_path / "broken.json").write_text("{not json")
-    assert calibration._read_cache(str(tmp_path / "broken.json"), "key-a") is None
     ps = global_process_set()
 
     def key(elements, ratio=0.01):
@@ -217,3 +218,181 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
     assert calibration._cache_path() is None
     monkeypatch.setenv(calibration.CACHE_ENV, path)
     assert calibration._cache_path() == path
+
+
+def random_model(rng, workers=2):
+    return cm.ClusterModel(workers, cm.Network(float(rng.uniform(1e-6, 1e-3)), float(rng.uniform(1e7, 1e10))),
+                           cm.Network(float(rng.uniform(1e-6, 1e-3)), float(rng.uniform(1e7, 1e10))),
+                           cm.AffineCost(float(rng.uniform(0, 1e-3)), float(rng.uniform(0, 1e-8))),
+                           float(rng.uniform(0, 1e-4)))
+
+
+def cache_file(entries):
+    return json.dumps({"format": calibration._CACHE_FORMAT, "version": calibration._CACHE_VERSION, "entries": entries})
+
+
+def entry_of(figures):
+    return {"figures": figures, "host": "h", "time": 0.0}
+
+
+GOOD = random_model(np.random.default_rng(0)).to_list()
+
+
+def with_figure(position, text):
+    """A cache whose entry "key" has GOOD's figures but the one at `position` written as `text` (JSON)."""
+    figures = list(GOOD)
+    figures[position] = "__value__"
+    return cache_file({"key": entry_of(figures)}).replace('"__value__"', text)
+
+
+# Files that are not a usable cache as a whole (backed up as <path>.bad when rewritten) ...
+BAD_FILES = {
+    "empty": "",
+    "not JSON": "{not json",
+    "truncated": cache_file({"key": entry_of(GOOD)})[:-20],
+    "binary": "\x00\xff\xfe garbage",
+    "array": "[1, 2, 3]",
+    "string": '"calibration"',
+    "null": "null",
+    "nested too deep": "[" * 100_000,
+    "old flat format": json.dumps({"key": entry_of(GOOD)}),
+    "another format": json.dumps({"format": "something else", "version": 2, "entries": {}}),
+    "another version": json.dumps({"format": calibration._CACHE_FORMAT, "version": 99, "entries": {}}),
+    "version true": json.dumps({"format": calibration._CACHE_FORMAT, "version": True, "entries": {}}),
+    "entries an array": json.dumps({"format": calibration._CACHE_FORMAT, "version": 2, "entries": [1, 2]}),
+}
+# ... and files whose entry for the key is unusable (the entry is replaced, the file kept).
+BAD_ENTRIES = {
+    "entry a string": cache_file({"key": "figures"}),
+    "entry an array": cache_file({"key": GOOD}),
+    "no figures": cache_file({"key": {"host": "h"}}),
+    "figures a string": cache_file({"key": entry_of("1,2,3")}),
+    "too few figures": cache_file({"key": entry_of(GOOD[:5])}),
+    "NaN latency": with_figure(1, "NaN"),
+    "Infinity bandwidth": with_figure(2, "Infinity"),
+    "1e308 latency": with_figure(3, "1e308"),
+    "1e999 c0": with_figure(5, "1e999"),
+    "negative c1": with_figure(6, "-1e-9"),
+    "huge integer per_tensor": with_figure(7, str(10**400)),
+    "a string figure": with_figure(8, '"0.001"'),
+    "null figure": with_figure(9, "null"),
+    "0 workers": with_figure(0, "0"),
+    "2.5 workers": with_figure(0, "2.5"),
+    "huge integer workers": with_figure(0, str(10**400)),
+    "wrong worker count": with_figure(0, "3"),
+}
+
+
+@pytest.mark.parametrize("content", list(BAD_FILES.values()) + list(BAD_ENTRIES.values()),
+                         ids=list(BAD_FILES) + list(BAD_ENTRIES))
+def test_an_unusable_cache_is_reported_in_one_line_ignored_and_rewritten(rng, tmp_path, capsys, content):
+    path = tmp_path / "calibration.json"
+    path.write_bytes(content.encode("utf-8", "surrogateescape") if "\x00" not in content else b"\x00\xff\xfe{")
+    old = path.read_bytes()
+    assert calibration._read_cache(str(path), "key", workers=2) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"tfcomp: calibration cache {path}: ") and "measuring again" in err, err
+    model = random_model(rng)
+    calibration._write_cache(str(path), "key", model)
+    assert calibration._read_cache(str(path), "key", workers=2) == model
+    assert capsys.readouterr().err == ""
+    whole_file = content in BAD_FILES.values()
+    assert os.path.exists(f"{path}.bad") == whole_file
+    if whole_file:
+        assert open(f"{path}.bad", "rb").read() == old  # nothing lost
+    assert sorted(os.listdir(tmp_path)) == sorted(["calibration.json"] + (["calibration.json.bad"] if whole_file else []))
+
+
+def test_absurd_figures_are_named_in_the_report(tmp_path, capsys):
+    path = tmp_path / "calibration.json"
+    path.write_text(BAD_ENTRIES["1e308 latency"])
+    assert calibration._read_cache(str(path), "key", workers=2) is None
+    assert "entry key: ClusterModel.allgather.latency must be a finite number of seconds in [0, 3600], got 1e+308" in (
+        capsys.readouterr().err)
+    path.write_text(BAD_ENTRIES["wrong worker count"])
+    assert calibration._read_cache(str(path), "key", workers=2) is None
+    assert "entry key: has figures for 3 workers, this job has 2" in capsys.readouterr().err
+    path.write_text(BAD_FILES["array"])
+    assert calibration._read_cache(str(path), "key", workers=2) is None
+    assert "holds a JSON array, not a cache object" in capsys.readouterr().err
+
+
+def test_a_missing_file_or_key_is_silent(tmp_path, capsys, rng):
+    path = str(tmp_path / "calibration.json")
+    assert calibration._read_cache(path, "key", workers=2) is None
+    calibration._write_cache(path, "other", random_model(rng))
+    assert calibration._read_cache(path, "key", workers=2) is None
+    assert capsys.readouterr().err == ""
+
+
+def test_rewriting_keeps_the_other_usable_entries_and_drops_unusable_ones(tmp_path, rng):
+    path = tmp_path / "calibration.json"
+    kept, ours = random_model(rng, workers=4), random_model(rng)
+    path.write_text(cache_file({"kept": entry_of(kept.to_list()), "nan": entry_of([float("nan")] * 11),
+                                "string": "x", "key": entry_of([0.0] * 11)}))
+    calibration._write_cache(str(path), "key", ours)
+    content = json.loads(path.read_text())
+    assert set(content["entries"]) == {"kept", "key"}
+    assert calibration._read_cache(str(path), "kept", workers=4) == kept
+    assert calibration._read_cache(str(path), "key", workers=2) == ours
+
+
+def test_a_write_interrupted_halfway_leaves_the_old_file(tmp_path, rng, monkeypatch):
+    """The new file is written beside the old one and renamed over it: a job killed while writing
+    (here: interrupted in the middle of json.dump) leaves the old cache whole, and no temporary."""
+    path = str(tmp_path / "calibration.json")
+    old = random_model(rng)
+    calibration._write_cache(path, "key", old)
+    before = open(path, "rb").read()
+
+    def half_a_dump(content, f, **kwargs):
+        text = json.dumps(content, **kwargs)
+        f.write(text[: len(text) // 2])
+        f.flush()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(calibration.json, "dump", half_a_dump)
+    with pytest.raises(KeyboardInterrupt):
+        calibration._write_cache(path, "key", random_model(rng))
+    assert open(path, "rb").read() == before
+    assert calibration._read_cache(path, "key", workers=2) == old
+    assert os.listdir(tmp_path) == ["calibration.json"]
+
+
+def test_a_cache_that_cannot_be_written_is_reported_not_raised(tmp_path, rng, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    path = str(blocker / "calibration.json")  # a directory that is a file
+    calibration._write_cache(path, "key", random_model(rng))
+    assert f"tfcomp: calibration cache {path}: could not be written" in capsys.readouterr().err
+
+
+class _TwoWorkers:
+    """Rank 0 of a process set of two, for calibrate's cache logic without a second process."""
+
+    def size(self):
+        return 2
+
+    def rank(self):
+        return 0
+
+
+@pytest.mark.parametrize("content", [BAD_FILES["not JSON"], BAD_FILES["array"], BAD_ENTRIES["NaN latency"],
+                                     BAD_ENTRIES["wrong worker count"], BAD_ENTRIES["entry a string"]],
+                         ids=["not JSON", "array", "NaN latency", "wrong worker count", "entry a string"])
+def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, monkeypatch, capsys, content):
+    global_process_set()
+    measured = random_model(rng)
+    calls = []
+    monkeypatch.setattr(calibration, "_measure", lambda *args: calls.append(args) or measured)
+    monkeypatch.setattr(calibration, "_rank0_value", lambda value, process_set: value)
+    monkeypatch.setattr(calibration.hvd, "broadcast", lambda tensor, root, **kwargs: tensor)
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv(calibration.CACHE_ENV, str(path))
+    compressor, process_set = tfcomp.DRAGONN(0.01), _TwoWorkers()
+    key = calibration.cache_key(compressor, process_set, 2**20)
+    path.write_text(content.replace('"key"', json.dumps(key)))
+    assert calibration.calibrate(compressor, process_set, 2**20) == measured
+    assert len(calls) == 1 and capsys.readouterr().err.count("\n") == 1
+    assert calibration.calibrate(compressor, process_set, 2**20) == measured  # from the rewritten cache
+    assert len(calls) == 1 and capsys.readouterr().err == ""

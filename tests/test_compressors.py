@@ -405,6 +405,18 @@ BAD_ARGUMENTS = (
     + [(cls, "min_elements", {"min_elements": bad}, bad) for cls in NON_DENSE for bad in (0, -5)]
     + [(cls, "error_feedback", {"error_feedback": bad}, bad) for cls in NON_DENSE for bad in (1, "yes", None)]
     + [(tfcomp.DRAGONN, "slots_per_element", {"slots_per_element": bad}, bad) for bad in (0, -1.0, "x", True)]
+    # absurd values: not finite, bools (NumPy's too), floats for integers, out of the ops' and counters' ranges
+    + [(cls, "ratio", {"ratio": bad}, bad) for cls in RATIO_COMPRESSORS
+       for bad in (math.nan, math.inf, -math.inf, 10**400, np.float64(math.nan), np.bool_(True))]
+    + [(cls, "num_samples", {"num_samples": bad}, bad) for cls in (tfcomp.DRAGONN, tfcomp.DGC)
+       for bad in (2**31, 2**63, 1e5, math.nan, math.inf, True, np.bool_(True), "65536")]
+    + [(tfcomp.DRAGONN, "slots_per_element", {"slots_per_element": bad}, bad)
+       for bad in (math.inf, math.nan, -math.inf, 1e308, 2.0**31, 2**31, 10**400, np.float32(math.inf))]
+    + [(tfcomp.QSGD, "bits", {"bits": bad}, bad) for bad in (math.nan, math.inf, np.int64(8), 10**30)]
+    + [(cls, "momentum", {"momentum": bad}, bad) for cls in NON_DENSE for bad in (math.nan, math.inf, -math.inf)]
+    + [(cls, "warmup_steps", {"warmup_steps": bad}, bad) for cls in NON_DENSE
+       for bad in (2**63, 2**64, math.inf, math.nan, True, 3.0, np.float64(2.0))]
+    + [(cls, "min_elements", {"min_elements": bad}, bad) for cls in NON_DENSE for bad in (2**63, math.inf, True, 1e3)]
 )
 
 
@@ -417,6 +429,39 @@ def test_bad_hyper_parameter_names_argument_and_value(cls, argument, kwargs, bad
     message = str(caught.value)
     assert argument in message, message
     assert repr(bad) in message, message
+
+
+@pytest.mark.parametrize("cls", NON_DENSE, ids=lambda c: c.__name__)
+def test_random_values_past_the_integer_ranges_are_refused(rng, cls):
+    """num_samples past int32 (the op's attribute), warmup_steps and min_elements past int64 (the
+    step counter, element counts): fresh values each run, Python and NumPy integers."""
+    cases = [("warmup_steps", 2**63 + int(rng.integers(0, 2**62))), ("min_elements", 2**63 + int(rng.integers(0, 2**40)))]
+    if cls in (tfcomp.DRAGONN, tfcomp.DGC):
+        cases.append(("num_samples", int(rng.integers(2**31, 2**63, dtype=np.uint64))))
+        cases.append(("num_samples", np.int64(rng.integers(2**31, 2**62))))
+    for argument, bad in cases:
+        with pytest.raises(ValueError) as caught:
+            cls(**{argument: bad})
+        assert argument in str(caught.value) and repr(bad) in str(caught.value), str(caught.value)
+
+
+def test_largest_values_are_accepted_and_stored_as_python_numbers(rng):
+    biggest = tfcomp.DRAGONN(np.float32(0.5), slots_per_element=2**31 - 1, num_samples=np.int64(2**31 - 1),
+                             warmup_steps=2**63 - 1, min_elements=np.int32(7))
+    assert (biggest.slots_per_element, biggest.num_samples, biggest.warmup_steps) == (2.0**31 - 1, 2**31 - 1, 2**63 - 1)
+    assert type(biggest.num_samples) is int and type(biggest.min_elements) is int and type(biggest.ratio) is float
+    assert eval(repr(biggest), {"tfcomp": tfcomp}) == biggest  # noqa: S307
+    assert tfcomp.QSGD(np.int8(3)).bits == 3 and type(tfcomp.QSGD(np.int8(3)).bits) is int
+    # The exchange compares its int64 step counter with warmup_steps: the largest one fits.
+    steps = int(rng.integers(0, 2**62))
+    assert bool(tf.constant(steps, tf.int64) < biggest.warmup_steps)
+
+
+def test_dragonn_refuses_more_slots_than_the_op_can_index(rng):
+    size = 2**21 + int(rng.integers(1, 1000))  # 1024 slots per element of a full-ratio tensor: > 2^31 - 1 slots
+    compressor = tfcomp.DRAGONN(1.0, slots_per_element=1024)
+    with pytest.raises(ValueError, match=rf"slots_per_element=1024.0 .* {size} elements {1024 * size} slots"):
+        encode(compressor, np.zeros(size, np.float32), 1)
 
 
 @pytest.mark.parametrize("cls", NON_DENSE, ids=lambda c: c.__name__)
@@ -447,6 +492,8 @@ def test_as_compressor_maps_horovod_compression():
     assert isinstance(compressors.as_compressor(hvd.Compression.none), tfcomp.NoCompression)
     assert isinstance(compressors.as_compressor(hvd.Compression.fp16), tfcomp.FP16)
     assert compressors.as_compressor(hvd.Compression.fp16) == tfcomp.FP16()
+    assert compressors.as_compressor(hvd.Compression.fp16()) == tfcomp.FP16()  # an instance of Horovod's class
+    assert compressors.as_compressor(hvd.Compression.none()) == tfcomp.NoCompression()
     assert isinstance(compressors.as_compressor(None), tfcomp.NoCompression)
 
 
@@ -454,6 +501,7 @@ def test_as_compressor_maps_horovod_compression():
                          ids=repr)
 def test_as_compressor_passes_compressors_through(compressor):
     assert compressors.as_compressor(compressor) is compressor
+    assert compressors.check_compression(compressor) is compressor
 
 
 class _NotACompressor:
@@ -461,12 +509,83 @@ class _NotACompressor:
         return "<the thing given>"
 
 
-@pytest.mark.parametrize("thing", ["fp16", "none", 3, 0.01, _NotACompressor(), tfcomp.DRAGONN, hvd.Compression],
-                         ids=repr)
-def test_as_compressor_rejects_other_things(thing):
+class _OwnHorovodCompressor(hvd.compression.Compressor):
+    """A user's own Horovod compressor: Horovod runs it, tfcomp's exchange does not."""
+
+
+PUBLIC_COMPRESSORS = [tfcomp.DRAGONN, tfcomp.DGC, tfcomp.TopK, tfcomp.RandomK, tfcomp.EFSignSGD, tfcomp.QSGD,
+                      tfcomp.FP16, tfcomp.NoCompression]
+
+
+@pytest.mark.parametrize("horovods", [hvd.Compression.none, hvd.Compression.fp16, hvd.Compression.fp16(),
+                                      _OwnHorovodCompressor, _OwnHorovodCompressor()], ids=repr)
+def test_check_compression_passes_horovods_own_compressors_through(horovods):
+    assert compressors.check_compression(horovods) is horovods
+
+
+def test_as_compressor_refuses_a_horovod_compressor_tfcomp_does_not_run():
+    for own in (_OwnHorovodCompressor, _OwnHorovodCompressor()):
+        with pytest.raises(TypeError, match=r"got the Horovod compressor .*_OwnHorovodCompressor, which tfcomp does "
+                                            r"not run: pass it to hvd.DistributedOptimizer"):
+            compressors.as_compressor(own)
+
+
+@pytest.mark.parametrize("cls", PUBLIC_COMPRESSORS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", [compressors.as_compressor, compressors.check_compression],
+                         ids=["as_compressor", "check_compression"])
+def test_a_compressor_class_without_parentheses_says_add_them(cls, check):
     with pytest.raises(TypeError) as caught:
-        compressors.as_compressor(thing)
-    assert repr(thing) in str(caught.value)
+        check(cls)
+    message = str(caught.value)
+    assert message.startswith("compression must be a tfcomp compressor instance such as tfcomp.DRAGONN()"), message
+    assert f"got the class tfcomp.{cls.__name__}: add () to make one, compression=tfcomp.{cls.__name__}()" in message
+
+
+@pytest.mark.parametrize("check", [compressors.as_compressor, compressors.check_compression],
+                         ids=["as_compressor", "check_compression"])
+def test_a_private_compressor_class_lists_the_compressors(check):
+    for cls in (compressors.Compressor, compressors._Sparsifier):
+        with pytest.raises(TypeError, match=rf"got the class tfcomp.compressors.{cls.__name__}: write one of "
+                                            r"tfcomp.DRAGONN\(\), tfcomp.DGC\(\), .*tfcomp.NoCompression\(\)"):
+            check(cls)
+
+
+@pytest.mark.parametrize("text, name", [("dragonn", "DRAGONN"), ("DRAGONN", "DRAGONN"), ("dgc", "DGC"),
+                                        ("top-k", "TopK"), ("TopK", "TopK"), ("random_k", "RandomK"),
+                                        ("efsignsgd", "EFSignSGD"), ("qsgd", "QSGD"), ("fp16", "FP16"),
+                                        ("none", "NoCompression"), ("NoCompression", "NoCompression")])
+def test_a_compressor_name_as_a_string_says_what_to_write(text, name):
+    for check in (compressors.as_compressor, compressors.check_compression):
+        with pytest.raises(TypeError) as caught:
+            check(text)
+        assert f"got {text!r} (a string): write compression=tfcomp.{name}()" in str(caught.value)
+
+
+def test_an_unknown_string_lists_the_compressors(rng):
+    text = "".join(rng.choice(list("xyzw_-"), int(rng.integers(1, 12))))
+    with pytest.raises(TypeError, match=rf"got {re.escape(repr(text))} \(a string\): write one of tfcomp.DRAGONN"):
+        compressors.check_compression(text)
+
+
+def test_horovods_compression_namespace_says_pick_one():
+    for check in (compressors.as_compressor, compressors.check_compression):
+        with pytest.raises(TypeError, match=r"got hvd.Compression itself .*: write hvd.Compression.none or "
+                                            r"hvd.Compression.fp16"):
+            check(hvd.Compression)
+
+
+def test_check_compression_refuses_none():
+    with pytest.raises(TypeError, match=r"got None: leave compression out or write hvd.Compression.none"):
+        compressors.check_compression(None)
+
+
+@pytest.mark.parametrize("thing", [3, 0.01, _NotACompressor(), object, b"dragonn", [tfcomp.DRAGONN()]], ids=repr)
+def test_as_compressor_rejects_other_things(thing):
+    for check in (compressors.as_compressor, compressors.check_compression):
+        with pytest.raises(TypeError) as caught:
+            check(thing)
+        assert str(caught.value).startswith("compression must be a tfcomp compressor instance")
+        assert repr(thing) in str(caught.value)
 
 
 # -- equality, hash, repr --------------------------------------------------------------------------

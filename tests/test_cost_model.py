@@ -1,6 +1,8 @@
 """The alpha-beta formulas against hand-computed values, the 004 Eq. 1 decision, affine fits, parsing."""
 
+import dataclasses
 import math
+import re
 import sys
 
 import numpy as np
@@ -72,6 +74,87 @@ def test_parse_bandwidth(text, bytes_per_s):
 def test_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def random_cluster(rng) -> cm.ClusterModel:
+    return cm.ClusterModel(int(rng.integers(1, 1000)),
+                           cm.Network(float(rng.uniform(0, 1e-2)), float(rng.uniform(1e6, 1e11))),
+                           cm.Network(float(rng.uniform(0, 1e-2)), float(rng.uniform(1e6, 1e11))),
+                           cm.AffineCost(float(rng.uniform(0, 1e-2)), float(rng.uniform(0, 1e-8))),
+                           float(rng.uniform(0, 1e-4)), float(rng.uniform(0, 1e-4)), float(rng.uniform(0, 1e-9)),
+                           float(rng.uniform(0, 1e-3)))
+
+
+FIELDS = ["workers", *cm.CLUSTER_LIMITS]  # the order of to_list
+ABSURD = [math.nan, math.inf, -math.inf, 1e308, -1e-9, "1e-3", None, True]
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_absurd_figures_are_refused_naming_the_field(rng, field):
+    good = random_cluster(rng).to_list()
+    position = FIELDS.index(field)
+    above = cm.CLUSTER_LIMITS[field][1] * float(rng.uniform(1.01, 1e6)) if field != "workers" else 2.0**31
+    for bad in ABSURD + [above, 10**400] + ([0, 0.0, 2.5, -3] if field == "workers" else []):
+        figures = list(good)
+        figures[position] = bad
+        with pytest.raises(ValueError) as caught:
+            cm.ClusterModel.from_list(figures)
+        message = str(caught.value)
+        assert f"ClusterModel.{field} must be" in message and repr(bad) in message, message
+
+
+@pytest.mark.parametrize("field", ["encode_decode.c0", "encode_decode.c1", "per_tensor", "compression_per_tensor",
+                                   "merge_per_element", "compression_fixed"])
+def test_constructing_a_cluster_model_validates_it(rng, field):
+    """The constructor and dataclasses.replace check every figure (planning never sees a bad one)."""
+    model = random_cluster(rng)
+    owner, _, name = field.rpartition(".")
+    for bad in (math.nan, math.inf, 1e308, -float(rng.uniform(1e-9, 1.0))):
+        with pytest.raises(ValueError, match=rf"ClusterModel.{re.escape(field)} must be a finite number of .*, got"):
+            if owner:
+                dataclasses.replace(model, encode_decode=dataclasses.replace(model.encode_decode, **{name: bad}))
+            else:
+                dataclasses.replace(model, **{name: bad})
+
+
+def test_networks_of_absurd_figures_are_refused_in_a_cluster_model(rng):
+    """Network accepts any finite figures (the what-if's user may ask about anything); a
+    ClusterModel refuses a latency of more than an hour or a bandwidth of more than 1e18 B/s."""
+    model = random_cluster(rng)
+    latency = float(10 ** rng.uniform(3.6, 308))
+    message = rf"ClusterModel.allreduce.latency must be .* \[0, 3600\], got {re.escape(repr(latency))}"
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(model, allreduce=cm.Network(latency, 1e9))
+    with pytest.raises(ValueError, match=r"ClusterModel.allgather.bandwidth must be .* \(0, 1e\+18\], got 1e\+300"):
+        dataclasses.replace(model, allgather=cm.Network(0.0, 1e300))
+
+
+@pytest.mark.parametrize("workers", [0, -1, 2.0, True, np.int64(0), 2**31])
+def test_cluster_model_workers_must_be_an_int_of_at_least_one(workers):
+    net = cm.Network(1e-4, 1e9)
+    message = rf"ClusterModel.workers must be an integer in \[1, 2147483647\], got {re.escape(repr(workers))}"
+    with pytest.raises(ValueError, match=message):
+        cm.ClusterModel(workers, net, net, cm.AffineCost(0.0, 0.0))
+
+
+def test_cluster_model_fields_must_have_their_types():
+    net = cm.Network(1e-4, 1e9)
+    with pytest.raises(ValueError, match=r"ClusterModel.allgather must be of type Network, got \(0.0001, 1000000000.0\)"):
+        cm.ClusterModel(2, net, (1e-4, 1e9), cm.AffineCost(0.0, 0.0))
+    with pytest.raises(ValueError, match=r"ClusterModel.encode_decode must be of type AffineCost, got None"):
+        cm.ClusterModel(2, net, net, None)
+
+
+def test_from_list_needs_eleven_numbers_and_round_trips(rng):
+    model = random_cluster(rng)
+    assert cm.ClusterModel.from_list(model.to_list()) == model
+    assert cm.ClusterModel.from_list(np.array(model.to_list())) == model
+    assert model.validate() is model
+    length = int(rng.choice([0, 1, 10, 12, 40]))
+    with pytest.raises(ValueError, match=rf"ClusterModel figures must be 11 numbers \(workers, .*\), got {length}"):
+        cm.ClusterModel.from_list([1.0] * length)
+    # The extremes still allowed: what no measurement prices (UNMEASURED), latency 0.
+    assert cm.ClusterModel.unpriced(int(rng.integers(1, 2**31 - 1))).allreduce == cm.UNMEASURED
 
 
 if __name__ == "__main__":

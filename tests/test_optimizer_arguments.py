@@ -33,6 +33,23 @@ def test_unknown_compression_is_a_type_error():
         tfcomp.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression="dragonn")
 
 
+@pytest.mark.parametrize("compression, message", [
+    (tfcomp.DRAGONN, r"got the class tfcomp.DRAGONN: add \(\) to make one, compression=tfcomp.DRAGONN\(\)"),
+    (tfcomp.FP16, r"got the class tfcomp.FP16: add \(\) to make one, compression=tfcomp.FP16\(\)"),
+    ("TopK", r"got 'TopK' \(a string\): write compression=tfcomp.TopK\(\)"),
+    (hvd.Compression, r"got hvd.Compression itself .*: write hvd.Compression.none or hvd.Compression.fp16"),
+])
+def test_a_compressor_class_or_name_is_a_type_error_saying_what_to_write(compression, message):
+    with pytest.raises(TypeError, match=message):
+        tfcomp.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=compression)
+
+
+def test_horovod_none_compression_still_maps_to_no_compression():
+    for none in (hvd.Compression.none, hvd.Compression.none()):
+        opt = tfcomp.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=none)
+        assert opt._allreduce_grads.compressor == tfcomp.NoCompression()
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda: tfcomp.DRAGONN(ratio=0), r"ratio must be a number in \(0, 1\], got 0"),
     (lambda: tfcomp.DGC(ratio=2.0), r"ratio must be a number in \(0, 1\], got 2.0"),

@@ -3,6 +3,7 @@
 import dataclasses
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -138,6 +139,19 @@ def test_cluster_model_round_trips_through_a_list(rng):
                                 per_tensor=float(rng.uniform(0, 1e-4)), compression_per_tensor=float(rng.uniform(0, 1e-4)),
                                 merge_per_element=float(rng.uniform(0, 1e-9)), compression_fixed=float(rng.uniform(0, 1e-3)))
     assert cm.ClusterModel.from_list(np.array(model.to_list())) == model
+
+
+@pytest.mark.parametrize("make", [planning.make_plan, planning.per_tensor_plan], ids=["make_plan", "per_tensor_plan"])
+def test_plans_are_made_only_from_valid_figures(rng, make):
+    tensors = backprop([int(n) for n in rng.integers(1, 2**20, 5)])
+    with pytest.raises(TypeError, match="cluster must be a tfcomp.cost_model.ClusterModel, got list"):
+        make(tensors, tfcomp.DRAGONN(0.01), cluster().to_list())
+    # Figures changed behind validation's back (a frozen dataclass can still be forced).
+    forced = cluster()
+    bad = float(rng.choice([math.nan, math.inf, 1e308]))
+    object.__setattr__(forced, "compression_fixed", bad)
+    with pytest.raises(ValueError, match=rf"ClusterModel.compression_fixed must be .* got {re.escape(repr(bad))}"):
+        make(tensors, tfcomp.DRAGONN(0.01), forced)
 
 
 def test_fixed_compression_cost_is_paid_once_per_exchange(rng):

@@ -32,11 +32,14 @@ size the probes); a change of any of them measures again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import platform
+import reprlib
+import sys
 import time
 from typing import NamedTuple
 
@@ -364,30 +367,102 @@ def _cache_path():
     return None if setting.strip().lower() in ("", "none", "off") else os.path.expanduser(setting)
 
 
-def _read_cache(path, key):
+_CACHE_FORMAT, _CACHE_VERSION = "tfcomp calibration cache", 2
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def _cache_entries(path) -> dict:
+    """{key: entry} of the cache file at `path`, {} where there is none; a ValueError saying what is
+    wrong with a file that is not a cache of this format and version."""
     try:
-        with open(path) as f:
-            entry = json.load(f).get(key)
-        return None if entry is None else ClusterModel.from_list(entry["figures"])
-    except (OSError, ValueError, KeyError, TypeError):
+        with open(path, encoding="utf-8") as f:
+            content = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except OSError as error:
+        raise ValueError(f"cannot be read ({error.strerror or error})") from None
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deep
+        raise ValueError(f"is not JSON ({error})") from None
+    if not isinstance(content, dict):
+        raise ValueError(f"holds a JSON {_JSON_TYPES.get(type(content), '?')}, not a cache object")
+    format_, version = content.get("format"), content.get("version")
+    if format_ != _CACHE_FORMAT or version != _CACHE_VERSION or isinstance(version, bool):
+        raise ValueError(f"is not a {_CACHE_FORMAT!r} of version {_CACHE_VERSION} (format "
+                         f"{reprlib.repr(format_)}, version {reprlib.repr(version)})")
+    if not isinstance(content.get("entries"), dict):
+        raise ValueError(f"has entries that are a JSON {_JSON_TYPES.get(type(content.get('entries')), '?')}, "
+                         "not an object")
+    return content["entries"]
+
+
+def _cache_entry_model(entry, workers=None) -> ClusterModel:
+    """The figures of a cache entry, checked (`ClusterModel.from_list`, and `workers` where given);
+    a ValueError saying what is wrong otherwise."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("figures"), list):
+        raise ValueError(f"is not an object with a list of figures: {reprlib.repr(entry)}")
+    model = ClusterModel.from_list(entry["figures"])
+    if workers is not None and model.workers != workers:
+        raise ValueError(f"has figures for {model.workers} workers, this job has {workers}")
+    return model
+
+
+def _report_cache(path, problem: str) -> None:
+    """One line on stderr."""
+    print(" ".join(f"tfcomp: calibration cache {path}: {problem}".split()), file=sys.stderr, flush=True)
+
+
+def _read_cache(path, key, workers=None):
+    """The cached figures for `key` (for `workers` workers where given), or None: where there are
+    none, and where the file or the entry is unusable (corrupt, of another format or version, of
+    the wrong shape, absurd figures, another worker count), which is reported in one line on
+    stderr; the caller measures again and `_write_cache` replaces it."""
+    try:
+        entry = _cache_entries(path).get(key)
+    except ValueError as error:
+        _report_cache(path, f"{error}; ignored, measuring again (the file will be rewritten, this one kept as "
+                            f"{path}.bad)")
+        return None
+    try:
+        return None if entry is None else _cache_entry_model(entry, workers)
+    except ValueError as error:
+        _report_cache(path, f"entry {key}: {error}; ignored, measuring again")
         return None
 
 
 def _write_cache(path, key, model: ClusterModel) -> None:
+    """Adds (or replaces) `key`'s entry, keeping the other usable entries. Atomic: the file is
+    written beside the old one and renamed over it, so a killed job leaves the old file or the new
+    one. A file that is not a usable cache is kept as `<path>.bad`. Failures are reported, not
+    raised (a read-only home must not stop training)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         try:
-            with open(path) as f:
-                entries = json.load(f)
-        except (OSError, ValueError):
-            entries = {}
-        entries[key] = {"figures": model.to_list(), "host": platform.node(), "time": time.time()}
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w") as f:
-            json.dump(entries, f, indent=1)
+            entries, unusable = _cache_entries(path), False
+        except ValueError:
+            entries, unusable = {}, True
+        kept = {}
+        for other, entry in entries.items():
+            try:
+                _cache_entry_model(entry)
+            except ValueError:
+                continue
+            kept[other] = entry
+        kept[key] = {"figures": model.validate().to_list(), "host": platform.node(), "time": time.time()}
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump({"format": _CACHE_FORMAT, "version": _CACHE_VERSION, "entries": kept}, f, indent=1,
+                      allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        if unusable and os.path.isfile(path):
+            os.replace(path, f"{path}.bad")
         os.replace(temporary, path)
-    except OSError as error:  # a read-only home must not stop training
-        print(f"tfcomp: could not write the calibration cache {path}: {error}", flush=True)
+    except (OSError, ValueError) as error:
+        _report_cache(path, f"could not be written: {error}")
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
 
 
 def _measure(compressor, process_set, max_elements: int, tensor_elements=()) -> ClusterModel:
@@ -423,7 +498,7 @@ def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int 
     if workers == 1:
         return ClusterModel.unpriced(1)
     path, key = _cache_path(), cache_key(compressor, process_set, max_elements, tensor_elements)
-    cached = _read_cache(path, key) if path and process_set.rank() == 0 else None
+    cached = _read_cache(path, key, workers) if path and process_set.rank() == 0 else None
     if _rank0_value(0.0 if cached is None else 1.0, process_set) == 0.0:
         model = _measure(compressor, process_set, max_elements, tensor_elements)
         if path and process_set.rank() == 0:

@@ -22,8 +22,10 @@ this rank's index in the process set, for randomness that must differ between ra
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfcomp import ops
@@ -40,6 +42,7 @@ __all__ = [
     "RandomK",
     "TopK",
     "as_compressor",
+    "check_compression",
 ]
 
 DEFAULT_MIN_ELEMENTS = 1024
@@ -52,22 +55,35 @@ class Encoded(NamedTuple):
     context: Any = None
 
 
+_INT32_MAX = 2**31 - 1  # the ops' int32 attributes and indices
+_INT64_MAX = 2**63 - 1  # the exchange's int64 step counter, TensorFlow's element counts
+_MAX_SLOTS_PER_ELEMENT = float(_INT32_MAX)  # a one-element selection's slots must fit the op
+
+
+def _is_real(value) -> bool:
+    """A real number (Python or NumPy), not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def _check_ratio(ratio) -> float:
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < float(ratio) <= 1.0:
+    if not _is_real(ratio) or not 0 < ratio <= 1:  # NaN fails the comparison
         raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
     return float(ratio)
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+def _check_int(name: str, value, minimum: int, maximum: int, why: str) -> int:
+    """`value` as a Python int if it is an integer (Python or NumPy, not a bool) in [minimum, maximum]."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    if value > maximum:
+        raise ValueError(f"{name} must be at most {maximum} ({why}), got {value!r}")
+    return int(value)
 
 
 def _check_momentum(momentum):
     if momentum is None:
         return None
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+    if not _is_real(momentum) or not 0 <= momentum < 1:
         raise ValueError(f"momentum must be None or a number in [0, 1), got {momentum!r}")
     return float(momentum)
 
@@ -85,7 +101,7 @@ class Compressor:
       error_feedback: keep what was not sent, per variable, and add it to the next gradient.
       momentum: None, or DGC's momentum-correction factor (error feedback with momentum and factor
         masking; then use the inner optimizer without momentum).
-      warmup_steps: communicating steps sent dense before compression starts.
+      warmup_steps: communicating steps sent dense before compression starts (0 to 2^63 - 1).
       planning: "auto" (default): at the first step tfcomp calibrates the cluster and splits the
         gradients into buckets, each exchanged with the strategy the cost model predicts fastest
         (`tfcomp.planning`); "off": every tensor of at least `min_elements` elements is compressed
@@ -93,7 +109,10 @@ class Compressor:
       strategy: None (default: the cost model chooses per bucket) or one of "dense", "allgather",
         "allreduce", "artopk" to force it for every compressed bucket (see
         `tfcomp.cost_model.available_strategies`).
-      min_elements: with planning="off", tensors with fewer elements are sent dense.
+      min_elements: with planning="off", tensors with fewer elements are sent dense (1 to 2^63 - 1).
+
+    Integers may be Python or NumPy integers (not bools, not floats such as 4.0); numbers may be
+    Python or NumPy reals, finite. Anything else is a ValueError naming the argument and its value.
     """
 
     collective = "allgather"
@@ -107,8 +126,9 @@ class Compressor:
         self.momentum = _check_momentum(momentum)
         if self.momentum is not None and not error_feedback:
             raise ValueError("momentum correction needs error_feedback=True")
-        self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
-        self.min_elements = _check_int("min_elements", min_elements, 1)
+        self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0, _INT64_MAX,
+                                       "the exchange counts steps in an int64")
+        self.min_elements = _check_int("min_elements", min_elements, 1, _INT64_MAX, "an int64 count of elements")
         if planning not in ("auto", "off"):
             raise ValueError(f"planning must be 'auto' or 'off', got {planning!r}")
         self.planning = planning
@@ -190,9 +210,10 @@ class DRAGONN(_Sparsifier):
 
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
-      slots_per_element: num_slots = max(1, round(slots_per_element * ratio * size)). Default 1
-        (004's setting: about 63 % of the slots fill, 004 Lemma A.10).
-      num_samples: elements sampled to estimate the threshold. Default 65536.
+      slots_per_element: num_slots = max(1, round(slots_per_element * ratio * size)), in (0, 2^31 - 1].
+        Default 1 (004's setting: about 63 % of the slots fill, 004 Lemma A.10). A tensor whose
+        num_slots would pass 2^31 - 1 is a ValueError when it is encoded.
+      num_samples: elements sampled to estimate the threshold, 1 to 2^31 - 1. Default 65536.
       artopk_owner: whose indices AR-Topk buckets use (003 Alg. 1): "star" (round-robin over the
         steps, default) or "var" (the worker whose accumulated gradient has the largest variance).
       error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see `Compressor`.
@@ -201,19 +222,24 @@ class DRAGONN(_Sparsifier):
     """
 
     def __init__(self, ratio=0.001, *, slots_per_element=1.0, num_samples=65536, **kwargs):
-        if isinstance(slots_per_element, bool) or not isinstance(slots_per_element, (int, float)) or not slots_per_element > 0:
-            raise ValueError(f"slots_per_element must be a number > 0, got {slots_per_element!r}")
+        if not _is_real(slots_per_element) or not 0 < slots_per_element <= _MAX_SLOTS_PER_ELEMENT:
+            raise ValueError(f"slots_per_element must be a number in (0, 2^31 - 1], got {slots_per_element!r}")
         self.slots_per_element = float(slots_per_element)
-        self.num_samples = _check_int("num_samples", num_samples, 1)
+        self.num_samples = _check_int("num_samples", num_samples, 1, _INT32_MAX, "the op's int32 range")
         super().__init__(ratio, **kwargs)
 
     def payload_length(self, size: int) -> int:
         return max(1, math.floor(self.slots_per_element * self.ratio * size + 0.5))
 
     def encode(self, flat, seed, worker):
+        size = int(flat.shape[0])
+        num_slots = self.payload_length(size)
+        if num_slots > _INT32_MAX:
+            raise ValueError(f"slots_per_element={self.slots_per_element!r} with ratio={self.ratio!r} gives a tensor "
+                             f"of {size} elements {num_slots} slots, more than the op's {_INT32_MAX}")
         hash_seed = seed * 1_000_003 + worker
         threshold = ops.estimate_threshold(flat, self.ratio, self.num_samples, hash_seed)
-        return Encoded(ops.dragonn_compress(flat, threshold, self.payload_length(int(flat.shape[0])), hash_seed))
+        return Encoded(ops.dragonn_compress(flat, threshold, num_slots, hash_seed))
 
 
 class DGC(_Sparsifier):
@@ -222,13 +248,13 @@ class DGC(_Sparsifier):
 
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
-      num_samples: elements sampled to estimate the threshold. Default 65536.
+      num_samples: elements sampled to estimate the threshold, 1 to 2^31 - 1. Default 65536.
       artopk_owner, error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see
         `DRAGONN` and `Compressor`.
     """
 
     def __init__(self, ratio=0.001, *, num_samples=65536, **kwargs):
-        self.num_samples = _check_int("num_samples", num_samples, 1)
+        self.num_samples = _check_int("num_samples", num_samples, 1, _INT32_MAX, "the op's int32 range")
         super().__init__(ratio, **kwargs)
 
     def encode(self, flat, seed, worker):
@@ -342,9 +368,9 @@ class QSGD(Compressor):
     """
 
     def __init__(self, bits=4, *, error_feedback=False, **kwargs):
-        self.bits = _check_int("bits", bits, 1)
-        if self.bits > 7:
+        if not isinstance(bits, numbers.Integral) or isinstance(bits, (bool, np.bool_)) or not 1 <= bits <= 7:
             raise ValueError(f"bits must be an integer in [1, 7], got {bits!r}")
+        self.bits = int(bits)
         super().__init__(error_feedback=error_feedback, **kwargs)
 
     def payload_bytes(self, size):
@@ -397,18 +423,94 @@ class NoCompression(_DenseCompressor):
         return 4 * size
 
 
+_PUBLIC = ("DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "FP16", "NoCompression")
+_PUBLIC_LIST = ", ".join(f"tfcomp.{name}()" for name in _PUBLIC)
+_EXPECTED = ("compression must be a tfcomp compressor instance such as tfcomp.DRAGONN(), or Horovod's "
+             "hvd.Compression.none / hvd.Compression.fp16")
+
+
+def _horovod_compressor_base():
+    """horovod.tensorflow.compression.Compressor, or None without Horovod."""
+    try:
+        from horovod.tensorflow.compression import Compressor as HorovodCompressor
+    except ImportError:
+        return None
+    return HorovodCompressor
+
+
+def _is_horovod_compressor(compression) -> bool:
+    """Horovod's own compressor: a subclass of horovod.tensorflow.compression.Compressor (as
+    hvd.Compression.none and .fp16 are) or an instance of one."""
+    base = _horovod_compressor_base()
+    if base is None:
+        return False
+    return isinstance(compression, base) or (isinstance(compression, type) and issubclass(compression, base))
+
+
+def _class_name(cls: type) -> str:
+    if cls.__name__ in _PUBLIC and globals().get(cls.__name__) is cls:
+        return f"tfcomp.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _wrong_compression(compression) -> TypeError:
+    """The TypeError for a `compression` that neither tfcomp nor Horovod can run: what was given and
+    what to write instead."""
+    if isinstance(compression, type) and issubclass(compression, Compressor):
+        name = _class_name(compression)
+        if compression.__name__ in _PUBLIC and name == f"tfcomp.{compression.__name__}":
+            return TypeError(f"{_EXPECTED}; got the class {name}: add () to make one, compression={name}()")
+        return TypeError(f"{_EXPECTED}; got the class {name}: write one of {_PUBLIC_LIST}")
+    if isinstance(compression, str):
+        wanted = "".join(c for c in compression.lower() if c.isalnum())
+        names = {name.lower(): name for name in _PUBLIC} | {"none": "NoCompression", "topk": "TopK"}
+        if wanted in names:
+            fix = f"write compression=tfcomp.{names[wanted]}()"
+        else:
+            fix = f"write one of {_PUBLIC_LIST}"
+        return TypeError(f"{_EXPECTED}; got {compression!r} (a string): {fix}")
+    if compression is None:
+        return TypeError(f"{_EXPECTED}; got None: leave compression out or write hvd.Compression.none")
+    if isinstance(compression, type) and compression.__name__ == "Compression" and hasattr(compression, "none"):
+        return TypeError(f"{_EXPECTED}; got hvd.Compression itself ({compression!r}): "
+                         "write hvd.Compression.none or hvd.Compression.fp16")
+    if isinstance(compression, type):
+        return TypeError(f"{_EXPECTED}; got the class {_class_name(compression)} ({compression!r})")
+    return TypeError(f"{_EXPECTED}; got {compression!r} (a {type(compression).__module__}."
+                     f"{type(compression).__qualname__})")
+
+
+def check_compression(compression):
+    """`compression` unchanged if tfcomp or Horovod can run it, else a TypeError that says what was
+    given and what to write instead.
+
+    Returned unchanged: a tfcomp `Compressor` instance; Horovod's own compressors, that is any
+    subclass of `horovod.tensorflow.compression.Compressor` (`hvd.Compression.none`,
+    `hvd.Compression.fp16`, a user's own) or an instance of one. TypeError for everything else:
+    a tfcomp compressor class (`tfcomp.DRAGONN`: "add ()"), a string ("dragonn": "write
+    compression=tfcomp.DRAGONN()"), `hvd.Compression` itself, None, any other object. Never
+    imports more than `horovod.tensorflow.compression` and never constructs anything.
+    """
+    if isinstance(compression, Compressor) or _is_horovod_compressor(compression):
+        return compression
+    raise _wrong_compression(compression)
+
+
 def as_compressor(compression) -> Compressor:
-    """A tfcomp compressor for `compression`: a Compressor, or Horovod's Compression.none / .fp16."""
+    """A tfcomp compressor for `compression`: a tfcomp Compressor (returned as it is), None or
+    Horovod's Compression.none (`NoCompression()`), Horovod's Compression.fp16 (`FP16()`), classes
+    or instances. TypeError for anything else (see `check_compression`), and for Horovod
+    compressors other than those two, which only Horovod's own exchange runs."""
     if isinstance(compression, Compressor):
         return compression
-    from horovod.tensorflow.compression import Compression, FP16Compressor, NoneCompressor
-
-    if compression is None or compression in (Compression.none, NoneCompressor):
+    if compression is None:
         return NoCompression()
-    if compression in (Compression.fp16, FP16Compressor):
-        return FP16()
-    raise TypeError(
-        "compression must be a tfcomp compressor (tfcomp.DRAGONN(), tfcomp.DGC(), tfcomp.TopK(), "
-        "tfcomp.RandomK(), tfcomp.EFSignSGD(), tfcomp.QSGD(), tfcomp.FP16(), tfcomp.NoCompression()) "
-        f"or hvd.Compression.none / hvd.Compression.fp16, got {compression!r}"
-    )
+    check_compression(compression)
+    from horovod.tensorflow.compression import FP16Compressor, NoneCompressor
+
+    for horovod_class, ours in ((NoneCompressor, NoCompression), (FP16Compressor, FP16)):
+        if compression is horovod_class or type(compression) is horovod_class:
+            return ours()
+    given = compression if isinstance(compression, type) else type(compression)
+    raise TypeError(f"{_EXPECTED}; got the Horovod compressor {_class_name(given)}, which tfcomp does not run: "
+                    "pass it to hvd.DistributedOptimizer (Horovod's own exchange) instead")

@@ -27,11 +27,13 @@ exchange strategy; `tfcomp.planning` searches the buckets and strategies with it
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
 __all__ = [
     "AffineCost",
+    "CLUSTER_LIMITS",
     "ClusterModel",
     "Network",
     "STRATEGIES",
@@ -201,6 +203,25 @@ def available_strategies(compressor) -> tuple:
     return ("dense", "allgather")
 
 
+_MAX_WORKERS = 2**31 - 1
+_HOUR = 3600.0
+# Bounds of every figure a ClusterModel holds (beyond them a figure is a broken measurement or a
+# corrupt file, not a cluster): (least, greatest, unit). Bandwidths must also be > 0.
+CLUSTER_LIMITS = {
+    "allreduce.latency": (0.0, _HOUR, "seconds"),
+    "allreduce.bandwidth": (0.0, 1e18, "bytes per second"),
+    "allgather.latency": (0.0, _HOUR, "seconds"),
+    "allgather.bandwidth": (0.0, 1e18, "bytes per second"),
+    "encode_decode.c0": (0.0, _HOUR, "seconds"),
+    "encode_decode.c1": (0.0, 1.0, "seconds per element"),
+    "per_tensor": (0.0, _HOUR, "seconds"),
+    "compression_per_tensor": (0.0, _HOUR, "seconds"),
+    "merge_per_element": (0.0, 1.0, "seconds per element"),
+    "compression_fixed": (0.0, _HOUR, "seconds"),
+}
+_LIST_FIELDS = ("workers", *CLUSTER_LIMITS)
+
+
 @dataclass(frozen=True)
 class ClusterModel:
     """The figures the plan is made from: workers, the allreduce and allgather networks fitted by
@@ -215,6 +236,24 @@ class ClusterModel:
     compression_per_tensor: float = 0.0  # seconds each tensor adds to a compressed bucket's work
     merge_per_element: float = 0.0  # seconds per element to concatenate and split a multi-tensor bucket
     compression_fixed: float = 0.0  # seconds an exchange with any compressed bucket pays once, beyond its buckets
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> "ClusterModel":
+        """Raises ValueError naming the first field no cluster can have: workers not an integer >= 1,
+        or a figure that is not a finite number within `CLUSTER_LIMITS` (NaN, inf, negative, 1e308).
+        Returns the model. Runs on construction, so no plan is made from such figures."""
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int):
+            raise ValueError(f"ClusterModel.workers must be an integer in [1, {_MAX_WORKERS}], got {self.workers!r}")
+        _check_workers_figure(self.workers)
+        for field, kind in (("allreduce", Network), ("allgather", Network), ("encode_decode", AffineCost)):
+            if not isinstance(getattr(self, field), kind):
+                raise ValueError(f"ClusterModel.{field} must be of type {kind.__name__}, got {getattr(self, field)!r}")
+        for field in CLUSTER_LIMITS:
+            owner, _, name = field.rpartition(".")
+            _check_figure(field, getattr(getattr(self, owner), name) if owner else getattr(self, name))
+        return self
 
     def to_list(self) -> list:
         """[workers, allreduce latency, bandwidth, allgather latency, bandwidth, c0, c1, per_tensor,
@@ -231,9 +270,40 @@ class ClusterModel:
 
     @classmethod
     def from_list(cls, values) -> "ClusterModel":
-        w, arl, arb, agl, agb, c0, c1, per_tensor, compression_per_tensor, merge, fixed = (float(v) for v in values)
-        return cls(int(round(w)), Network(arl, arb), Network(agl, agb), AffineCost(c0, c1), per_tensor,
-                   compression_per_tensor, merge, fixed)
+        """The model of `to_list`'s 11 numbers; a ValueError naming the field of one that `validate`
+        rejects, or saying how many there were when not 11."""
+        values = list(values)
+        if len(values) != len(_LIST_FIELDS):
+            raise ValueError(f"ClusterModel figures must be {len(_LIST_FIELDS)} numbers ({', '.join(_LIST_FIELDS)}), "
+                             f"got {len(values)}: {values!r}")
+        workers = _check_workers_figure(values[0])
+        w, arl, arb, agl, agb, c0, c1, per_tensor, compression_per_tensor, merge, fixed = (
+            workers, *(_check_figure(field, v) for field, v in zip(_LIST_FIELDS[1:], values[1:])))
+        return cls(w, Network(arl, arb), Network(agl, agb), AffineCost(c0, c1), per_tensor, compression_per_tensor,
+                   merge, fixed)
+
+
+def _check_workers_figure(value) -> int:
+    """An integral number (int, or a float such as to_list's) in [1, _MAX_WORKERS], as an int."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        integral = True
+    else:  # floats are compared only when finite (int(inf) raises); huge ints are never converted
+        integral = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and (
+            value == int(value))
+    if integral and 1 <= value <= _MAX_WORKERS:
+        return int(value)
+    raise ValueError(f"ClusterModel.workers must be an integer in [1, {_MAX_WORKERS}], got {value!r}")
+
+
+def _check_figure(field: str, value) -> float:
+    """`value` as a float if it is a finite number within CLUSTER_LIMITS[field], else a ValueError naming it."""
+    low, high, unit = CLUSTER_LIMITS[field]
+    positive = field.endswith("bandwidth")
+    if not isinstance(value, bool) and isinstance(value, numbers.Real) and (
+            low < value <= high if positive else low <= value <= high):
+        return float(value)
+    bounds = f"({low:g}, {high:g}]" if positive else f"[{low:g}, {high:g}]"
+    raise ValueError(f"ClusterModel.{field} must be a finite number of {unit} in {bounds}, got {value!r}")
 
 
 @dataclass(frozen=True)

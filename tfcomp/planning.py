@@ -110,6 +110,13 @@ def _cheapest(elements: int, tensors: int, strategies, compressor, cluster) -> t
     return best
 
 
+def _check_cluster(cluster) -> None:
+    """Plans are made only from a ClusterModel whose figures pass `ClusterModel.validate`."""
+    if not isinstance(cluster, cm.ClusterModel):
+        raise TypeError(f"cluster must be a tfcomp.cost_model.ClusterModel, got {type(cluster).__name__}")
+    cluster.validate()
+
+
 def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=None, max_groups: int = 8,
               min_gain: float = 0.01) -> Plan:
     """Buckets and strategies for `tensors` = [(position, name, elements)] in backprop order.
@@ -117,6 +124,7 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     ready_seconds: for each tensor, when its gradient is ready relative to the start of the exchange
     (default: all at 0, which is how Keras and Horovod call the exchange: after the backward pass).
     """
+    _check_cluster(cluster)
     tensors = list(tensors)
     if not tensors:
         return Plan((), {}, compressor, cluster)
@@ -196,6 +204,7 @@ def _merge_neighbours(buckets, compressor, cluster):
 def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
     """planning="off": one bucket per tensor; tensors of at least compressor.min_elements use the
     forced strategy or the compressor's own collective, smaller ones go dense."""
+    _check_cluster(cluster)
     own = compressor.strategy or ("dense" if compressor.collective == "dense" else compressor.collective)
     buckets = []
     for position, _, elements in tensors:
