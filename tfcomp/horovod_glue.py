@@ -27,32 +27,15 @@ import horovod._keras as horovod_keras_impl
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from tfcomp.compressors import Compressor
+from tfcomp.compressors import Compressor, check_compression
 from tfcomp.exchange import GradientExchange, check_tf2_mode
 from tfcomp.version import check_supported_stack
 
-__all__ = ["check_compression", "exchange_of", "install", "validate_optimizer_arguments"]
+__all__ = ["exchange_of", "install", "validate_optimizer_arguments"]
 
 _MARK = "_tfcomp_wrapped"
 _TAPE_NAME = "DistributedGradientTape"  # the name Horovod's tape gives _make_allreduce_grads_fn
 _tape_exchanges = {}
-
-
-def check_compression(compression) -> None:
-    """Raises TypeError for a `compression` that is neither a tfcomp compressor instance nor one of
-    Horovod's own compressors: a tfcomp compressor class (missing its parentheses), a string, or
-    anything else."""
-    if isinstance(compression, Compressor):
-        return
-    from horovod.tensorflow.compression import Compressor as HorovodCompressor
-
-    if isinstance(compression, type) and issubclass(compression, Compressor):
-        raise TypeError(f"compression must be a compressor instance: got the class tfcomp.{compression.__name__}; "
-                        f"write compression=tfcomp.{compression.__name__}() (with its arguments)")
-    if isinstance(compression, type) and issubclass(compression, HorovodCompressor):
-        return
-    raise TypeError("compression must be a tfcomp compressor instance (for example tfcomp.DRAGONN(ratio=0.001)) "
-                    f"or one of Horovod's (hvd.Compression.none, hvd.Compression.fp16), got {compression!r}")
 
 
 def _check_no_strategy() -> None:
