@@ -87,6 +87,7 @@ def test_randomk_offers_its_allreduce_and_quantisers_their_allgather():
     (["--params", "100", "--bandwidth", "10furlongs"], "bandwidth must be a number with a unit"),
     (["--params", "100", "--latency", "3 fortnights"], "latency must be a number with a unit"),
     (["--params", "100", "--latency", "-1ms"], "latency must be >= 0, got '-1ms'"),
+    (["--params", "100", "--latency", "1e300s", "--encode-ms", "1"], "allreduce.latency must be a finite number"),
     (["--params", "100", "--compressor", "zip"], "--compressor must be one of dragonn"),
     (["--params", "0"], "--params must be a number of elements > 0, got 0"),
     (["--params", "100", "--workers", "0"], "--workers must be an integer >= 1, got 0"),

@@ -188,7 +188,10 @@ def _run(argv) -> int:
     tensors = [("params", args.params)] if args.params is not None else _load_profile(args.profile)
     elements = sum(n for _, n in tensors)
     compressor = _make_compressor(args.compressor, args.ratio)
-    cluster = _cluster(args, network, compressor, tensors)
+    try:
+        cluster = _cluster(args, network, compressor, tensors)
+    except ValueError as error:  # figures beyond what a cluster model accepts (cost_model.CLUSTER_LIMITS)
+        raise _UsageError(str(error)) from None
     result = predict(elements, compressor, cluster, args.compute_ms / 1e3, tensors=len(tensors))
     if args.json:
         print(json.dumps(result))
