@@ -334,25 +334,28 @@ class EFSignSGD(Compressor):
     def encode(self, flat, seed, worker):
         size = int(flat.shape[0])
         scale = tf.reshape(tf.reduce_mean(tf.abs(flat)), [1])
-        bits = tf.pad(tf.cast(flat >= 0, tf.int32), [[0, -size % 8]])
-        packed = tf.reduce_sum(tf.reshape(bits, [-1, 8]) * tf.constant(self._BIT_WEIGHTS), axis=1)
-        return Encoded((tf.cast(packed, tf.uint8), scale))
+        # Bits packed in uint8 throughout (int32 took 4 bytes per element, 3 tensors of them).
+        bits = tf.pad(tf.cast(flat >= 0, tf.uint8), [[0, -size % 8]])
+        weights = tf.constant(self._BIT_WEIGHTS, tf.uint8)
+        return Encoded((tf.reduce_sum(tf.reshape(bits, [-1, 8]) * weights, axis=1), scale))
 
-    def _unpack(self, packed, scale, size, num_workers):
-        """[num_workers, size] float32 of +-scale."""
-        bits = tf.bitwise.bitwise_and(
-            tf.reshape(tf.cast(packed, tf.int32), [num_workers, -1, 1]), tf.constant(self._BIT_WEIGHTS)
-        )
-        signs = tf.reshape(tf.where(bits > 0, 1.0, -1.0), [num_workers, -1])[:, :size]
-        return signs * tf.reshape(scale, [num_workers, 1])
+    def _unpack(self, packed, scale, size):
+        """float32 [size] of +-scale from one worker's packed bits (uint8 [ceil(size / 8)])."""
+        bits = tf.bitwise.bitwise_and(tf.reshape(packed, [-1, 1]), tf.constant(self._BIT_WEIGHTS, tf.uint8))
+        return tf.reshape(tf.where(bits > 0, scale, -scale), [-1])[:size]
 
     def decode_local(self, encoded, size):
         packed, scale = encoded.wire
-        return self._unpack(packed, scale, size, 1)[0]
+        return self._unpack(packed, scale[0], size)
 
     def decode_sum(self, wire, context, size, num_workers):
+        # One worker at a time into the total: one dense float32 tensor in flight, not K.
         packed, scale = wire
-        return tf.reduce_sum(self._unpack(packed, scale, size, num_workers), axis=0)
+        packed = tf.reshape(packed, [num_workers, -1])
+        total = self._unpack(packed[0], scale[0], size)
+        for worker in range(1, num_workers):
+            total += self._unpack(packed[worker], scale[worker], size)
+        return total
 
 
 class QSGD(Compressor):
@@ -381,18 +384,27 @@ class QSGD(Compressor):
         norm = tf.norm(flat)
         scaled = tf.math.divide_no_nan(tf.abs(flat), norm) * levels
         noise = tf.random.stateless_uniform(tf.shape(flat), seed=tf.stack([seed, tf.cast(worker, tf.int64)]))
-        quantised = tf.minimum(tf.floor(scaled + noise), levels) * tf.sign(flat)
-        return Encoded((tf.cast(quantised, tf.int8), tf.reshape(norm, [1])))
+        # The sign applied in int8 (a float32 tf.sign(flat) took 4 bytes per element); the levels
+        # are integers in [0, s], so this is the same as casting magnitude * sign.
+        magnitude = tf.cast(tf.minimum(tf.floor(scaled + noise), levels), tf.int8)
+        return Encoded((tf.where(flat < 0, -magnitude, magnitude), tf.reshape(norm, [1])))
 
-    def _dequantise(self, levels, norm, num_workers):
-        scale = tf.reshape(norm, [num_workers, 1]) / float(2**self.bits - 1)
-        return tf.reshape(tf.cast(levels, tf.float32), [num_workers, -1]) * scale
+    def _dequantise(self, levels, norm):
+        """float32 [size] of one worker's levels times its norm / s."""
+        return tf.cast(levels, tf.float32) * (norm / float(2**self.bits - 1))
 
     def decode_local(self, encoded, size):
-        return self._dequantise(*encoded.wire, 1)[0]
+        levels, norm = encoded.wire
+        return self._dequantise(levels, norm[0])
 
     def decode_sum(self, wire, context, size, num_workers):
-        return tf.reduce_sum(self._dequantise(*wire, num_workers), axis=0)
+        # One worker at a time into the total: one dense float32 tensor in flight, not K.
+        levels, norm = wire
+        levels = tf.reshape(levels, [num_workers, -1])
+        total = self._dequantise(levels[0], norm[0])
+        for worker in range(1, num_workers):
+            total += self._dequantise(levels[worker], norm[worker])
+        return total
 
 
 class _DenseCompressor(Compressor):
