@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "ops/cc/lib/magnitude.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
@@ -66,7 +67,10 @@ inline ::tensorflow::Status CheckEstimateArgs(const ::tensorflow::Tensor& grad,
   TF_RETURN_IF_ERROR(CheckScalar(ratio_tensor, "ratio"));
   TF_RETURN_IF_ERROR(CheckScalar(seed_tensor, "seed"));
   *ratio = ratio_tensor.scalar<float>()();
-  if (!(*ratio > 0.0f && *ratio <= 1.0f)) {
+  // Compared on the bits (positive, not zero, at most 1.0f): a float compare would take a denormal
+  // ratio for 0, since TensorFlow runs CPU kernels with denormals flushed to zero.
+  const uint32_t bits = FloatToBits(*ratio);
+  if (bits == 0 || bits > 0x3F800000u) {
     return ::tensorflow::errors::InvalidArgument("ratio must be in (0, 1], got ", *ratio);
   }
   if (grad.NumElements() == 0) {
