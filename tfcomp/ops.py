@@ -120,10 +120,14 @@ def _check_int(name: str, value, minimum: int, maximum: int) -> int:
 
 def _float32_of(name: str, value) -> np.float32:
     """A real Python or NumPy scalar as the float32 the op receives."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+    real = isinstance(value, numbers.Real) or _kind(value) in ("int", "float")  # bfloat16 is no numbers.Real
+    if isinstance(value, (bool, np.bool_)) or not real:
         raise TypeError(f"{name} must be a real number or a tensor, got {value!r} of type {type(value).__name__}")
-    with np.errstate(over="ignore"):
-        return np.float32(value)
+    try:
+        with np.errstate(over="ignore"):
+            return np.float32(value)
+    except OverflowError:  # an int beyond float64's range
+        return np.float32(np.inf if value > 0 else -np.inf)
 
 
 def _kind(value) -> str | None:
@@ -152,22 +156,31 @@ def _check_array_range(name: str, array: np.ndarray, minimum: int, maximum: int)
         raise ValueError(f"{name} must be in [{minimum}, {maximum}], got {array.flat[first]} at flat position {first}")
 
 
+def _to_float32(value):
+    """A real tensor, array or number as float32: arrays and numbers rounded by NumPy, since
+    TensorFlow's Cast runs with denormals flushed to zero and would turn a denormal into 0."""
+    if tf.is_tensor(value):
+        return tf.cast(value, tf.float32)
+    with np.errstate(over="ignore"):
+        return np.asarray(value, np.float32)
+
+
 def _ratio(value):
-    """ratio: a number must be in (0, 1] as a float32; a tensor must be real (its value is the kernel's)."""
+    """ratio as float32: a number must be in (0, 1]; a tensor must be real (its value is the kernel's)."""
     if not _is_scalar_number(value):
         _check_kind("ratio", value, ("int", "float"), "a real number or tensor")
     elif not 0.0 < _float32_of("ratio", value) <= 1.0:
         raise ValueError(f"ratio must be in (0, 1] as a float32, got {value!r}")
-    return value
+    return _to_float32(value)
 
 
 def _threshold(value):
-    """threshold: a number must be finite as a float32; a tensor must be real (its value is the kernel's)."""
+    """threshold as float32: a number must be finite; a tensor must be real (its value is the kernel's)."""
     if not _is_scalar_number(value):
         _check_kind("threshold", value, ("int", "float"), "a real number or tensor")
     elif not np.isfinite(_float32_of("threshold", value)):
         raise ValueError(f"threshold must be finite as a float32, got {value!r}")
-    return value
+    return _to_float32(value)
 
 
 def _seed(value):
@@ -216,7 +229,7 @@ def estimate_threshold(grad, ratio, num_samples: int, seed, name: str | None = N
     ratio, seed = _ratio(ratio), _seed(seed)
     num_samples = _check_int("num_samples", num_samples, 1, _INT64_MAX)
     return load_library().tfcomp_estimate_threshold(
-        grad, tf.cast(ratio, tf.float32), tf.cast(seed, tf.int64), num_samples=num_samples, name=name
+        grad, ratio, tf.cast(seed, tf.int64), num_samples=num_samples, name=name
     )
 
 
@@ -245,7 +258,7 @@ def dragonn_compress(grad, threshold, num_slots: int, seed, name: str | None = N
     threshold, seed = _threshold(threshold), _seed(seed)
     num_slots = _check_int("num_slots", num_slots, 1, MAX_LENGTH)
     return load_library().tfcomp_dragonn_compress(
-        grad, tf.cast(threshold, tf.float32), tf.cast(seed, tf.int64), num_slots=num_slots, name=name
+        grad, threshold, tf.cast(seed, tf.int64), num_slots=num_slots, name=name
     )
 
 
@@ -268,7 +281,7 @@ def dgc_compress(grad, threshold, max_out: int, name: str | None = None):
     """
     threshold = _threshold(threshold)
     max_out = _check_int("max_out", max_out, 1, MAX_LENGTH)
-    return load_library().tfcomp_dgc_compress(grad, tf.cast(threshold, tf.float32), max_out=max_out, name=name)
+    return load_library().tfcomp_dgc_compress(grad, threshold, max_out=max_out, name=name)
 
 
 def topk_compress(grad, k: int, name: str | None = None):
