@@ -63,7 +63,7 @@ class EstimateThresholdOp : public ::tensorflow::OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& grad = context->input(0);
     const Tensor& seed = context->input(2);
-    float ratio;
+    float ratio = 0.0f;
     OP_REQUIRES_OK(context, CheckEstimateArgs(grad, context->input(1), seed, &ratio));
     const int64_t n = std::min<int64_t>(num_samples_, grad.NumElements());
     Tensor* threshold = nullptr;
