@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup ops test bazel-test cuda-check bench validate run clean
+.PHONY: setup ops test bazel-test cuda-check asan-test bench validate run clean
 
 setup:            ## Debian packages, .venv with the pinned stack, Horovod with Gloo, the op library
 	scripts/setup.sh
@@ -20,6 +20,9 @@ bazel-test: setup ## the same test files as Bazel py_tests
 
 cuda-check: setup ## with nvcc: compile the CUDA op library and the GPU harness, run the checks that need no GPU
 	scripts/cuda_check.sh
+
+asan-test: setup  ## the op library built with AddressSanitizer, run against the fuzz cases (not in CI)
+	scripts/asan_test.sh
 
 bench: setup      ## kernel benchmark; writes benchmarks/results/kernel_benchmark.md
 	$(PY) -m benchmarks.kernel_benchmark --markdown_out=benchmarks/results/kernel_benchmark.md

@@ -3,6 +3,8 @@
 They share only the specification with the kernels: selection is |g| >= t computed in float64,
 sampling and hashing follow the documented formulas in uint64 arithmetic, and the collision rule
 ("largest magnitude wins, then largest index") is evaluated with an explicit per-slot maximum.
+`argument_errors` is the specification of the arguments each op (through tfcomp.ops) accepts, and
+`REFERENCES` maps each op's name to its reference.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import tensorflow as tf
 
 __all__ = [
     "DTYPES",
+    "MAX_LENGTH",
+    "REFERENCES",
+    "argument_errors",
     "dgc_compress",
     "dragonn_compress",
     "estimate_threshold",
@@ -26,6 +31,9 @@ __all__ = [
 ]
 
 DTYPES = (np.float32, np.float16, tf.bfloat16.as_numpy_dtype)
+MAX_LENGTH = 2**31 - 1  # indices are int32
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
 _U64 = np.uint64
 
 
@@ -122,9 +130,118 @@ def topk_compress(g: np.ndarray, k: int):
     return flat[chosen], chosen.astype(np.int32)
 
 
+def _flush_denormals(x: np.ndarray) -> np.ndarray:
+    """x with float32-denormal magnitudes replaced by zeros of their sign."""
+    tiny = (x != 0) & (np.abs(x.astype(np.float32)) < np.finfo(np.float32).tiny)
+    return np.where(tiny, np.copysign(np.zeros_like(x), x), x)
+
+
 def sparse_batched_decode(values: np.ndarray, indices: np.ndarray, size: int) -> np.ndarray:
-    """Dense sum of the pairs in pair order; index -1 skipped."""
+    """Dense sum of the pairs in pair order; index -1 skipped.
+
+    TensorFlow runs CPU kernels with denormals flushed to zero (FTZ and DAZ): float32 and bfloat16
+    add in float32, so a float32-denormal addend or sum counts as a zero of its sign (float16's
+    denormals are normal float32 values and stay).
+    """
     dense = np.zeros(size, dtype=values.dtype)
-    keep = indices >= 0
-    np.add.at(dense, indices[keep], values[keep])
+    keep = np.flatnonzero(indices >= 0)
+    if values.dtype == np.float16:
+        np.add.at(dense, indices[keep], values[keep])
+        return dense
+    # The additions to each element in pair order: round r adds every element's r-th pair.
+    order = keep[np.argsort(indices[keep], kind="stable")]
+    sorted_indices = indices[order]
+    starts = np.flatnonzero(np.r_[True, sorted_indices[1:] != sorted_indices[:-1]]) if order.size else np.zeros(0, int)
+    rank = np.arange(order.size) - np.repeat(starts, np.diff(np.r_[starts, order.size]))
+    for r in range(int(rank.max(initial=-1)) + 1):
+        pairs = order[rank == r]
+        targets = indices[pairs]
+        dense[targets] = _flush_denormals(dense[targets] + _flush_denormals(values[pairs]))
     return dense
+
+
+REFERENCES = {
+    "estimate_threshold": estimate_threshold,
+    "dragonn_compress": dragonn_compress,
+    "dgc_compress": dgc_compress,
+    "topk_compress": topk_compress,
+    "sparse_batched_decode": sparse_batched_decode,
+}
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _int_in(x, low: int, high: int) -> bool:
+    """x is a Python or NumPy int (not bool) in [low, high]: an attribute, or a seed given as a number."""
+    return _is_int(x) and low <= int(x) <= high
+
+
+def _float32_scalar(x):
+    """The float32 that a real scalar argument (Python or NumPy number, or 0-d int/float array)
+    becomes, or None when x is not one."""
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    if isinstance(x, np.ndarray):
+        if x.shape != () or not (x.dtype.kind in "iuf" or x.dtype == DTYPES[2]):
+            return None
+        x = x[()]
+    if not isinstance(x, (int, float, np.integer, np.floating)) and not (isinstance(x, np.generic) and x.dtype == DTYPES[2]):
+        return None
+    if isinstance(x, int) and abs(x) >= 2**128:
+        return np.float32(math.inf if x > 0 else -math.inf)
+    with np.errstate(over="ignore"):
+        return np.float32(x)
+
+
+def _seed_ok(x) -> bool:
+    """An int64 scalar: a Python or NumPy int, or a 0-d integer array, in int64's range."""
+    if isinstance(x, np.ndarray):
+        return x.shape == () and x.dtype.kind in "iu" and _INT64[0] <= int(x) <= _INT64[1]
+    return _int_in(x, *_INT64)
+
+
+def _gradient_ok(g, allow_empty: bool = True) -> bool:
+    return isinstance(g, np.ndarray) and g.dtype in DTYPES and (allow_empty or g.size > 0) and g.size <= MAX_LENGTH
+
+
+def argument_errors(op: str, args: dict) -> set:
+    """The names of the arguments of `op(**args)` that its specification rejects; empty when the call
+    is valid. An error must name at least one of them. Tensors are NumPy arrays here."""
+    bad = set()
+    if op in ("estimate_threshold", "dragonn_compress", "dgc_compress", "topk_compress"):
+        if not _gradient_ok(args["grad"], allow_empty=op != "estimate_threshold"):
+            bad.add("grad")
+    if op == "estimate_threshold":
+        ratio = _float32_scalar(args["ratio"])
+        if ratio is None or not 0 < ratio <= 1:
+            bad.add("ratio")
+        if not _int_in(args["num_samples"], 1, _INT64[1]):
+            bad.add("num_samples")
+    if op in ("dragonn_compress", "dgc_compress"):
+        threshold = _float32_scalar(args["threshold"])
+        if threshold is None or not np.isfinite(threshold):
+            bad.add("threshold")
+    if op in ("estimate_threshold", "dragonn_compress") and not _seed_ok(args["seed"]):
+        bad.add("seed")
+    for length in ("num_slots", "max_out", "k"):
+        if length in args and not _int_in(args[length], 1, MAX_LENGTH):
+            bad.add(length)
+    if op == "topk_compress" and "k" not in bad and "grad" not in bad and args["k"] > args["grad"].size:
+        bad.add("k")
+    if op == "sparse_batched_decode":
+        values, indices, size = args["values"], args["indices"], args["size"]
+        if not _int_in(size, 0, MAX_LENGTH):
+            bad.add("size")
+        if not (isinstance(values, np.ndarray) and values.dtype in DTYPES and values.ndim == 1):
+            bad.add("values")
+        if not (isinstance(indices, np.ndarray) and (indices.dtype.kind in "iu" or indices.size == 0) and indices.ndim == 1):
+            bad.add("indices")
+        elif indices.size and (indices.min() < _INT32[0] or indices.max() > _INT32[1]):
+            bad.add("indices")
+        if not bad & {"values", "indices"} and values.size != indices.size:
+            bad.update(("values", "indices"))
+        if not bad and indices.size and (indices.min() < -1 or indices.max() >= size):
+            bad.add("indices")
+    return bad

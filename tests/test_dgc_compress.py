@@ -42,18 +42,23 @@ def test_nan_and_inf_are_always_selected(rng, dtype):
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, error, message",
     [
-        (dict(max_out=0), r"max_out.* 0 must be at least minimum 1"),
-        (dict(threshold=float("nan")), r"threshold must be finite, got nan"),
-        (dict(threshold=float("-inf")), r"threshold must be finite, got -inf"),
-        (dict(threshold=[0.1]), r"threshold must be a scalar, got shape \[1\]"),
+        (dict(max_out=0), ValueError, r"max_out must be in \[1, 2147483647\], got 0"),
+        (dict(max_out=2**63 - 1), ValueError, r"max_out must be in \[1, 2147483647\], got 9223372036854775807"),
+        (dict(max_out=10.0), TypeError, r"max_out must be an int, got 10.0 of type float"),
+        (dict(threshold=float("nan")), ValueError, r"threshold must be finite as a float32, got nan"),
+        (dict(threshold=1e39), ValueError, r"threshold must be finite as a float32, got 1e\+39"),
+        (dict(threshold="0.1"), TypeError, r"threshold must be a real number or tensor, got '0.1'"),
+        (dict(threshold=np.array(np.nan, np.float32)), tf.errors.InvalidArgumentError, r"threshold must be finite, got nan"),
+        (dict(threshold=np.array(-np.inf, np.float32)), tf.errors.InvalidArgumentError, r"threshold must be finite, got -inf"),
+        (dict(threshold=[0.1]), tf.errors.InvalidArgumentError, r"threshold must be a scalar, got shape \[1\]"),
     ],
 )
-def test_bad_arguments(rng, kwargs, message):
+def test_bad_arguments(rng, kwargs, error, message):
     args = dict(grad=random_gradient(rng, (100,), np.float32), threshold=0.1, max_out=10)
     args.update(kwargs)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+    with pytest.raises(error, match=message):
         ops.dgc_compress(**args)
 
 

@@ -121,19 +121,24 @@ def test_empty_slot_fraction_matches_lemma_a10(rng, num_slots, num_selected):
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, error, message",
     [
-        (dict(num_slots=0), r"num_slots.* 0 must be at least minimum 1"),
-        (dict(threshold=float("nan")), r"threshold must be finite, got nan"),
-        (dict(threshold=float("inf")), r"threshold must be finite, got inf"),
-        (dict(threshold=[0.1, 0.2]), r"threshold must be a scalar, got shape \[2\]"),
-        (dict(seed=[[1]]), r"seed must be a scalar, got shape \[1,1\]"),
+        (dict(num_slots=0), ValueError, r"num_slots must be in \[1, 2147483647\], got 0"),
+        (dict(num_slots=2**31), ValueError, r"num_slots must be in \[1, 2147483647\], got 2147483648"),
+        (dict(num_slots=True), TypeError, r"num_slots must be an int, got True of type bool"),
+        (dict(seed=2**63), ValueError, r"seed must be in \[-9223372036854775808, 9223372036854775807\], got 9223372036854775808"),
+        (dict(seed=1.5), TypeError, r"seed must be an int, got 1.5 of type float"),
+        (dict(threshold=float("nan")), ValueError, r"threshold must be finite as a float32, got nan"),
+        (dict(threshold=-1e39), ValueError, r"threshold must be finite as a float32, got -1e\+39"),
+        (dict(threshold=np.array(np.inf, np.float32)), tf.errors.InvalidArgumentError, r"threshold must be finite, got inf"),
+        (dict(threshold=[0.1, 0.2]), tf.errors.InvalidArgumentError, r"threshold must be a scalar, got shape \[2\]"),
+        (dict(seed=[[1]]), tf.errors.InvalidArgumentError, r"seed must be a scalar, got shape \[1,1\]"),
     ],
 )
-def test_bad_arguments(rng, kwargs, message):
+def test_bad_arguments(rng, kwargs, error, message):
     args = dict(grad=random_gradient(rng, (100,), np.float32), threshold=0.1, num_slots=10, seed=1)
     args.update(kwargs)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+    with pytest.raises(error, match=message):
         ops.dragonn_compress(**args)
 
 

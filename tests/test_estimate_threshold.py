@@ -77,22 +77,30 @@ def test_non_finite_samples_are_left_out(rng, dtype):
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    "kwargs, error, message",
     [
-        (dict(ratio=0.0), r"ratio must be in \(0, 1\], got 0"),
-        (dict(ratio=-0.5), r"ratio must be in \(0, 1\], got -0.5"),
-        (dict(ratio=1.5), r"ratio must be in \(0, 1\], got 1.5"),
-        (dict(ratio=float("nan")), r"ratio must be in \(0, 1\], got nan"),
-        (dict(num_samples=0), r"num_samples.* 0 must be at least minimum 1"),
-        (dict(grad=np.zeros((0, 3), np.float32)), r"grad must not be empty, got shape \[0,3\]"),
-        (dict(ratio=[0.1, 0.2]), r"ratio must be a scalar, got shape \[2\]"),
-        (dict(seed=[1, 2]), r"seed must be a scalar, got shape \[2\]"),
+        (dict(ratio=0.0), ValueError, r"ratio must be in \(0, 1\] as a float32, got 0.0"),
+        (dict(ratio=-0.5), ValueError, r"ratio must be in \(0, 1\] as a float32, got -0.5"),
+        (dict(ratio=1.5), ValueError, r"ratio must be in \(0, 1\] as a float32, got 1.5"),
+        (dict(ratio=1e-50), ValueError, r"ratio must be in \(0, 1\] as a float32, got 1e-50"),
+        (dict(ratio=float("nan")), ValueError, r"ratio must be in \(0, 1\] as a float32, got nan"),
+        (dict(ratio=1j), TypeError, r"ratio must be a real number or a tensor, got 1j of type complex"),
+        (dict(num_samples=0), ValueError, r"num_samples must be in \[1, 9223372036854775807\], got 0"),
+        (dict(num_samples=2**63), ValueError, r"num_samples must be in \[1, 9223372036854775807\], got 9223372036854775808"),
+        (dict(seed=-(2**63) - 1), ValueError, r"seed must be in \[-9223372036854775808, 9223372036854775807\]"),
+        (dict(seed=None), TypeError, r"seed must be an int or an integer tensor, got None"),
+        (dict(seed=np.array(1.5)), TypeError, r"seed must be an int or an integer tensor, got array\(1.5\)"),
+        (dict(ratio=np.array(np.nan, np.float32)), tf.errors.InvalidArgumentError, r"ratio must be in \(0, 1\], got nan"),
+        (dict(ratio=np.array(0.0, np.float32)), tf.errors.InvalidArgumentError, r"ratio must be in \(0, 1\], got 0"),
+        (dict(grad=np.zeros((0, 3), np.float32)), tf.errors.InvalidArgumentError, r"grad must not be empty, got shape \[0,3\]"),
+        (dict(ratio=[0.1, 0.2]), tf.errors.InvalidArgumentError, r"ratio must be a scalar, got shape \[2\]"),
+        (dict(seed=[1, 2]), tf.errors.InvalidArgumentError, r"seed must be a scalar, got shape \[2\]"),
     ],
 )
-def test_bad_arguments(rng, kwargs, message):
+def test_bad_arguments(rng, kwargs, error, message):
     args = dict(grad=random_gradient(rng, (100,), np.float32), ratio=0.1, num_samples=10, seed=1)
     args.update(kwargs)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+    with pytest.raises(error, match=message):
         ops.estimate_threshold(**args)
 
 

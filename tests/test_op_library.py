@@ -60,5 +60,24 @@ def test_ops_are_namespaced_and_have_no_gradient():
     assert tape.gradient(loss, g) is None
 
 
+@pytest.mark.parametrize(
+    "op, inputs, attr",
+    [
+        ("tfcomp_dragonn_compress", ([1.0, 2.0], 0.1, 1), "num_slots"),
+        ("tfcomp_dgc_compress", ([1.0, 2.0], 0.1), "max_out"),
+        ("tfcomp_topk_compress", ([1.0, 2.0],), "k"),
+        ("tfcomp_sparse_batched_decode", ([1.0], [0]), "size"),
+    ],
+)
+@pytest.mark.parametrize("value", [2**31, 2**63 - 1])
+def test_kernels_bound_lengths_without_the_wrapper(op, inputs, attr, value):
+    raw_op = getattr(ops.load_library(), op)
+    message = rf"{attr} must be at most 2147483647 \(2\^31 - 1: indices are int32\), got {value}"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):  # the kernel's constructor
+        raw_op(*inputs, **{attr: value})
+    with pytest.raises(ValueError, match=message):  # the shape function, while tracing
+        tf.function(lambda: raw_op(*inputs, **{attr: value}))()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -72,12 +72,43 @@ def test_empty_payload_and_empty_output():
         ([1.0, 2.0], [0], 10, r"values and indices must have the same length, got values of shape \[2\] and indices of shape \[1\]"),
         ([[1.0]], [0], 10, r"values must be a vector, got shape \[1,1\]"),
         ([1.0], [[0]], 10, r"indices must be a vector, got shape \[1,1\]"),
-        ([1.0], [0], -1, r"size.* -1 must be at least minimum 0"),
     ],
 )
 def test_bad_arguments(values, indices, size, message):
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         ops.sparse_batched_decode(np.array(values, np.float32), np.array(indices, np.int32), size)
+
+
+@pytest.mark.parametrize(
+    "size, error, message",
+    [
+        (-1, ValueError, r"size must be in \[0, 2147483647\], got -1"),
+        (2**63 - 1, ValueError, r"size must be in \[0, 2147483647\], got 9223372036854775807"),
+        ("10", TypeError, r"size must be an int, got '10' of type str"),
+    ],
+)
+def test_bad_size_is_caught_before_the_op(size, error, message):
+    with pytest.raises(error, match=message):
+        ops.sparse_batched_decode(np.ones(1, np.float32), np.zeros(1, np.int32), size)
+
+
+@pytest.mark.parametrize(
+    "indices, error, message",
+    [
+        (np.array([0, 2**32], np.int64), ValueError, r"indices must be in \[-2147483648, 2147483647\], got 4294967296 at flat position 1"),
+        ([1, -(2**40)], ValueError, r"indices must be in \[-2147483648, 2147483647\], got -1099511627776 at flat position 1"),
+        (np.array([0.0, 1.0]), TypeError, r"indices must be integers \(int32\), got array\(\[0., 1.\]\)"),
+    ],
+)
+def test_indices_that_tensorflow_would_wrap_are_caught_before_the_op(indices, error, message):
+    with pytest.raises(error, match=message):
+        ops.sparse_batched_decode(np.ones(2, np.float32), indices, 4)
+
+
+def test_indices_as_a_list_or_int64_array_that_fit_int32():
+    for indices in ([3, -1, 0], np.array([3, -1, 0], np.int64), np.array([3, -1, 0], np.int8)):
+        dense = ops.sparse_batched_decode(np.array([1.0, 2.0, 3.0], np.float32), indices, 4).numpy()
+        assert dense.tolist() == [3.0, 0.0, 0.0, 1.0]
 
 
 def test_graph_mode_names_the_bad_argument():

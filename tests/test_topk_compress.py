@@ -46,15 +46,19 @@ def test_nan_ranks_above_inf_above_finite(rng):
 
 
 @pytest.mark.parametrize(
-    "grad, k, message",
+    "grad, k, error, message",
     [
-        (np.ones(10, np.float32), 0, r"k.* 0 must be at least minimum 1"),
-        (np.ones((2, 5), np.float32), 11, r"k must be <= the number of elements of grad \(10 for shape \[2,5\]\), got 11"),
-        (np.ones((0,), np.float32), 1, r"k must be <= the number of elements of grad \(0 for shape \[0\]\), got 1"),
+        (np.ones(10, np.float32), 0, ValueError, r"k must be in \[1, 2147483647\], got 0"),
+        (np.ones(10, np.float32), 2**63 - 1, ValueError, r"k must be in \[1, 2147483647\], got 9223372036854775807"),
+        (np.ones(10, np.float32), np.float32(3), TypeError, r"k must be an int, got 3.0 of type float32"),
+        (np.ones((2, 5), np.float32), 11, tf.errors.InvalidArgumentError,
+         r"k must be <= the number of elements of grad \(10 for shape \[2,5\]\), got 11"),
+        (np.ones((0,), np.float32), 1, tf.errors.InvalidArgumentError,
+         r"k must be <= the number of elements of grad \(0 for shape \[0\]\), got 1"),
     ],
 )
-def test_bad_arguments(grad, k, message):
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+def test_bad_arguments(grad, k, error, message):
+    with pytest.raises(error, match=message):
         ops.topk_compress(grad, k)
 
 

@@ -7,18 +7,27 @@ indices into the gradient, -1 marking an empty entry; thresholds are float32 sca
 The library is loaded on the first call of any op. If it is missing, or was built against another
 TensorFlow than the one running, that call raises `OpLibraryError`, which says what was built
 against what and the command that rebuilds it.
+
+Every wrapper checks its Python-number arguments before the op runs: a wrong type is a `TypeError`,
+a value out of range a `ValueError`, each naming the argument and the value. Tensor arguments (which
+may be symbolic) are checked by the kernel, which raises `tf.errors.InvalidArgumentError` (or, in a
+`tf.function`, a `ValueError` from the shape function) naming the argument and its value or shape.
+Lengths (num_slots, max_out, k, size) are at most 2^31 - 1, since indices are int32.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import re
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 __all__ = [
+    "MAX_LENGTH",
     "OpLibraryError",
     "REBUILD_COMMAND",
     "dgc_compress",
@@ -34,6 +43,9 @@ LIBRARY_NAME = "_tfcomp_ops.so"
 LIBRARY_ENV = "TFCOMP_OPS_LIBRARY"
 REBUILD_COMMAND = "scripts/build_ops.sh   (from the tfcomp checkout, with its .venv active; or: pip install .)"
 _BUILD_INFO = re.compile(rb"TFCOMP_BUILD_INFO\{tf=([^}]*)\}")
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+MAX_LENGTH = _INT32_MAX  # the longest gradient, payload or dense output: indices are int32
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode"):
     tf.no_gradient("Tfcomp>" + _op)
@@ -92,6 +104,108 @@ def load_library():
         ) from error
 
 
+def _is_scalar_number(value) -> bool:
+    """True for a Python or NumPy scalar (bool included), which the wrappers check themselves."""
+    return isinstance(value, (numbers.Number, np.generic))
+
+
+def _check_int(name: str, value, minimum: int, maximum: int) -> int:
+    """A Python-int argument (an op attribute or a Python seed) in [minimum, maximum], as an int."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be in [{minimum}, {maximum}], got {value}")
+    return int(value)
+
+
+def _float32_of(name: str, value) -> np.float32:
+    """A real Python or NumPy scalar as the float32 the op receives."""
+    real = isinstance(value, numbers.Real) or _kind(value) in ("int", "float")  # bfloat16 is no numbers.Real
+    if isinstance(value, (bool, np.bool_)) or not real:
+        raise TypeError(f"{name} must be a real number or a tensor, got {value!r} of type {type(value).__name__}")
+    try:
+        with np.errstate(over="ignore"):
+            return np.float32(value)
+    except OverflowError:  # an int beyond float64's range
+        return np.float32(np.inf if value > 0 else -np.inf)
+
+
+def _kind(value) -> str | None:
+    """The kind of the dtype of a tensor, or of the array NumPy makes of `value`: "int" for integers,
+    "float" for floating point (bfloat16 included), None for anything else."""
+    if tf.is_tensor(value):
+        return "int" if value.dtype.is_integer else "float" if value.dtype.is_floating else None
+    dtype = np.asarray(value).dtype
+    if dtype.kind in "iu":
+        return "int"
+    return "float" if dtype.kind == "f" or dtype == tf.bfloat16.as_numpy_dtype else None
+
+
+def _check_kind(name: str, value, kinds: tuple, what: str) -> None:
+    """A tensor or array-like argument must have a dtype of one of `kinds` (see _kind)."""
+    if _kind(value) not in kinds:
+        shown = f"a tensor of dtype {value.dtype.name}" if tf.is_tensor(value) else repr(value)
+        raise TypeError(f"{name} must be {what}, got {shown}")
+
+
+def _check_array_range(name: str, array: np.ndarray, minimum: int, maximum: int) -> None:
+    """Every element of an integer array lies in [minimum, maximum]."""
+    outside = np.flatnonzero((array < minimum) | (array > maximum))
+    if outside.size:
+        first = outside[0]
+        raise ValueError(f"{name} must be in [{minimum}, {maximum}], got {array.flat[first]} at flat position {first}")
+
+
+def _to_float32(value):
+    """A real tensor, array or number as float32: arrays and numbers rounded by NumPy, since
+    TensorFlow's Cast runs with denormals flushed to zero and would turn a denormal into 0."""
+    if tf.is_tensor(value):
+        return tf.cast(value, tf.float32)
+    with np.errstate(over="ignore"):
+        return np.asarray(value, np.float32)
+
+
+def _ratio(value):
+    """ratio as float32: a number must be in (0, 1]; a tensor must be real (its value is the kernel's)."""
+    if not _is_scalar_number(value):
+        _check_kind("ratio", value, ("int", "float"), "a real number or tensor")
+    elif not 0.0 < _float32_of("ratio", value) <= 1.0:
+        raise ValueError(f"ratio must be in (0, 1] as a float32, got {value!r}")
+    return _to_float32(value)
+
+
+def _threshold(value):
+    """threshold as float32: a number must be finite; a tensor must be real (its value is the kernel's)."""
+    if not _is_scalar_number(value):
+        _check_kind("threshold", value, ("int", "float"), "a real number or tensor")
+    elif not np.isfinite(_float32_of("threshold", value)):
+        raise ValueError(f"threshold must be finite as a float32, got {value!r}")
+    return _to_float32(value)
+
+
+def _seed(value):
+    """seed: an int (or an array of ints) must fit int64; a tensor must be of an integer dtype."""
+    if _is_scalar_number(value):
+        return _check_int("seed", value, _INT64_MIN, _INT64_MAX)
+    _check_kind("seed", value, ("int",), "an int or an integer tensor")
+    if not tf.is_tensor(value):
+        _check_array_range("seed", np.asarray(value), _INT64_MIN, _INT64_MAX)
+    return value
+
+
+def _indices(value):
+    """indices: a tensor goes to the kernel (int32, each in [-1, size)); an array or list must hold
+    integers that fit int32 (TensorFlow's conversion would wrap them silently), returned as int32."""
+    if tf.is_tensor(value):
+        return value
+    array = np.asarray(value)
+    if array.size == 0:  # NumPy makes [] a float64 array
+        return array.astype(np.int32)
+    _check_kind("indices", array, ("int",), "integers (int32)")
+    _check_array_range("indices", array, _INT32_MIN, _INT32_MAX)
+    return array.astype(np.int32)
+
+
 def estimate_threshold(grad, ratio, num_samples: int, seed, name: str | None = None) -> tf.Tensor:
     """Estimates the |g| threshold that keeps a fraction `ratio` of `grad` (004 Sec. 2, DGC).
 
@@ -100,17 +214,22 @@ def estimate_threshold(grad, ratio, num_samples: int, seed, name: str | None = N
     finite samples, k = max(1, round(ratio * number of samples)), rounding halves up.
 
     Args:
-      grad: non-empty tensor of any shape; float32, float16 or bfloat16.
+      grad: non-empty tensor of any shape with < 2^31 elements; float32, float16 or bfloat16.
       ratio: float32 scalar in (0, 1].
-      num_samples: Python int >= 1.
+      num_samples: Python int in [1, 2^63 - 1].
       seed: int64 scalar; the same seed gives the same sample positions.
       name: optional op name.
 
     Returns:
       float32 scalar tensor.
+
+    Raises:
+      TypeError, ValueError: a Python-number argument of the wrong type or out of range.
     """
+    ratio, seed = _ratio(ratio), _seed(seed)
+    num_samples = _check_int("num_samples", num_samples, 1, _INT64_MAX)
     return load_library().tfcomp_estimate_threshold(
-        grad, tf.cast(ratio, tf.float32), tf.cast(seed, tf.int64), num_samples=num_samples, name=name
+        grad, ratio, tf.cast(seed, tf.int64), num_samples=num_samples, name=name
     )
 
 
@@ -125,16 +244,21 @@ def dragonn_compress(grad, threshold, num_slots: int, seed, name: str | None = N
     Args:
       grad: tensor of any shape with < 2^31 elements; float32, float16 or bfloat16.
       threshold: finite float32 scalar.
-      num_slots: Python int >= 1, the payload length.
+      num_slots: Python int in [1, 2^31 - 1], the payload length.
       seed: int64 scalar selecting the hash function.
       name: optional op name.
 
     Returns:
       (values, indices): [num_slots] of grad's dtype and [num_slots] int32; empty slots hold index -1
       and value 0.
+
+    Raises:
+      TypeError, ValueError: a Python-number argument of the wrong type or out of range.
     """
+    threshold, seed = _threshold(threshold), _seed(seed)
+    num_slots = _check_int("num_slots", num_slots, 1, MAX_LENGTH)
     return load_library().tfcomp_dragonn_compress(
-        grad, tf.cast(threshold, tf.float32), tf.cast(seed, tf.int64), num_slots=num_slots, name=name
+        grad, threshold, tf.cast(seed, tf.int64), num_slots=num_slots, name=name
     )
 
 
@@ -144,15 +268,20 @@ def dgc_compress(grad, threshold, max_out: int, name: str | None = None):
     Args:
       grad: tensor of any shape with < 2^31 elements; float32, float16 or bfloat16.
       threshold: finite float32 scalar.
-      max_out: Python int >= 1, the payload length.
+      max_out: Python int in [1, 2^31 - 1], the payload length.
       name: optional op name.
 
     Returns:
       (values, indices): [max_out] of grad's dtype and [max_out] int32: the elements with
       |g| >= threshold (NaN and Inf always) in increasing index order, the first max_out of them,
       padded with index -1 and value 0.
+
+    Raises:
+      TypeError, ValueError: a Python-number argument of the wrong type or out of range.
     """
-    return load_library().tfcomp_dgc_compress(grad, tf.cast(threshold, tf.float32), max_out=max_out, name=name)
+    threshold = _threshold(threshold)
+    max_out = _check_int("max_out", max_out, 1, MAX_LENGTH)
+    return load_library().tfcomp_dgc_compress(grad, threshold, max_out=max_out, name=name)
 
 
 def topk_compress(grad, k: int, name: str | None = None):
@@ -160,13 +289,17 @@ def topk_compress(grad, k: int, name: str | None = None):
 
     Args:
       grad: tensor of any shape with k <= size < 2^31; float32, float16 or bfloat16.
-      k: Python int >= 1.
+      k: Python int in [1, 2^31 - 1].
       name: optional op name.
 
     Returns:
       (values, indices): [k] of grad's dtype and [k] int32, the k elements of largest |g| in increasing
       index order (NaN ranks above Inf above finite values; equal magnitudes: the larger index first).
+
+    Raises:
+      TypeError, ValueError: k of the wrong type or out of range.
     """
+    k = _check_int("k", k, 1, MAX_LENGTH)
     return load_library().tfcomp_topk_compress(grad, k=k, name=name)
 
 
@@ -179,10 +312,15 @@ def sparse_batched_decode(values, indices, size: int, name: str | None = None) -
     Args:
       values: [n] float32, float16 or bfloat16.
       indices: [n] int32, each in [-1, size); anything else is an InvalidArgument error.
-      size: Python int >= 0, the dense length.
+      size: Python int in [0, 2^31 - 1], the dense length.
       name: optional op name.
 
     Returns:
       [size] tensor of values' dtype.
+
+    Raises:
+      TypeError, ValueError: size of the wrong type or out of range, or indices given as an array or
+        list that are not integers or do not fit int32.
     """
-    return load_library().tfcomp_sparse_batched_decode(values, indices, size=size, name=name)
+    size = _check_int("size", size, 0, MAX_LENGTH)
+    return load_library().tfcomp_sparse_batched_decode(values, _indices(indices), size=size, name=name)

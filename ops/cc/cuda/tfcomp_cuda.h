@@ -1,6 +1,6 @@
 // CUDA implementations of the tfcomp ops, framework-free: raw device pointers and a cudaStream_t.
 //
-// Used by the TensorFlow GPU kernels (ops/cc/cuda/gpu_op_kernels.cc) and by the standalone harness
+// Used by the TensorFlow GPU kernels (ops/cc/cuda/gpu_launchers.cc) and by the standalone harness
 // (benchmarks/gpu/), which is built from the same sources with nvcc and no TensorFlow.
 //
 // Conventions, for every function below:

@@ -1,44 +1,33 @@
-// CPU kernel of Tfcomp>DragonnCompress (004 Algorithm 1).
+// Tfcomp>DragonnCompress (004 Algorithm 1): the OpKernel (every device) and its CPU launcher.
+#include <algorithm>
 #include <vector>
 
+#include "ops/cc/kernels/checks.h"
 #include "ops/cc/kernels/kernel_util.h"
+#include "ops/cc/kernels/launchers.h"
 #include "ops/cc/lib/hashing.h"
 #include "ops/cc/lib/sparsify.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tfcomp {
-namespace {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
 using ::tensorflow::Tensor;
 
 constexpr int64_t kHashBlock = 1 << 16;
 
 template <typename T>
-class DragonnCompressOp : public OpKernel {
- public:
-  explicit DragonnCompressOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("num_slots", &num_slots_));
-    OP_REQUIRES(context, num_slots_ <= std::numeric_limits<int32_t>::max(),
-                ::tensorflow::errors::InvalidArgument("num_slots must be < 2^31, got ", num_slots_));
-  }
-
-  void Compute(OpKernelContext* context) override {
+struct DragonnCompressLauncher<CpuDevice, T> {
+  Status operator()(OpKernelContext* context, const Tensor& grad, const Tensor& threshold, const Tensor& seed,
+                    Tensor* values, Tensor* indices) const {
     using Format = typename FormatOf<T>::type;
-    const Tensor& grad = context->input(0);
-    float threshold;
-    OP_REQUIRES_OK(context, ReadThreshold(context->input(1), &threshold));
-    const Tensor& seed_tensor = context->input(2);
-    OP_REQUIRES_OK(context, CheckScalar(seed_tensor, "seed"));
-    OP_REQUIRES_OK(context, CheckIndexable(grad));
-
     const int64_t size = grad.NumElements();
+    const int64_t num_slots = values->NumElements();
     const BitsOf<T>* g = AsBits(grad.flat<T>().data());
-    const BitsOf<T> threshold_key = ThresholdKey<Format>(threshold);
+    const BitsOf<T> threshold_key = ThresholdKey<Format>(threshold.scalar<float>()());
     const SlotHash hash =
-        SlotHash::FromSeed(static_cast<uint64_t>(seed_tensor.scalar<int64_t>()()), static_cast<uint32_t>(num_slots_));
+        SlotHash::FromSeed(static_cast<uint64_t>(seed.scalar<int64_t>()()), static_cast<uint32_t>(num_slots));
 
     // Phase 1, one pass over grad: every block lists the slot words of its selected elements (no
     // shared writes, so nothing stalls the streaming read). Phase 2: each thread owns a range of
@@ -51,43 +40,60 @@ class DragonnCompressOp : public OpKernel {
     for (const auto& words : word_lists) num_words += words.size();
 
     Tensor slots_tensor;
-    OP_REQUIRES_OK(context, context->allocate_temp(::tensorflow::DT_UINT64, {num_slots_}, &slots_tensor));
+    TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_UINT64, {num_slots}, &slots_tensor));
     uint64_t* slots = reinterpret_cast<uint64_t*>(slots_tensor.flat<::tensorflow::uint64>().data());
-    std::fill(slots, slots + num_slots_, 0);
-    const int64_t owners = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(context), num_slots_ / 1024));
+    std::fill(slots, slots + num_slots, 0);
+    const int64_t owners = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(context), num_slots / 1024));
     ParallelForBlocks(context, owners, 1, num_words * 4, [&](int64_t first, int64_t last) {
       for (int64_t owner = first; owner < last; ++owner) {
         for (const auto& words : word_lists) {
-          DragonnFillSlots(words.data(), words.size(), hash, static_cast<uint32_t>(owner * num_slots_ / owners),
-                           static_cast<uint32_t>((owner + 1) * num_slots_ / owners), slots);
+          DragonnFillSlots(words.data(), words.size(), hash, static_cast<uint32_t>(owner * num_slots / owners),
+                           static_cast<uint32_t>((owner + 1) * num_slots / owners), slots);
         }
       }
     });
 
+    BitsOf<T>* out_values = MutableBits<T>(values);
+    int32_t* out_indices = indices->flat<int32_t>().data();
+    for (int64_t s = 0; s < num_slots; ++s) {
+      out_indices[s] = SlotIndex(slots[s]);
+      out_values[s] = SlotValueBits<Format>(slots[s]);
+    }
+    return ::tensorflow::OkStatus();
+  }
+};
+
+namespace {
+
+// grad: any shape, T; threshold: float32 scalar; seed: int64 scalar -> values [num_slots] T,
+// indices [num_slots] int32.
+template <typename Device, typename T>
+class DragonnCompressOp : public ::tensorflow::OpKernel {
+ public:
+  explicit DragonnCompressOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("num_slots", &num_slots_));
+    OP_REQUIRES_OK(context, CheckLengthAttr("num_slots", num_slots_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& grad = context->input(0);
+    const Tensor& threshold = context->input(1);
+    const Tensor& seed = context->input(2);
+    OP_REQUIRES_OK(context, CheckThreshold(threshold, kScalarsOnHost<Device>));
+    OP_REQUIRES_OK(context, CheckScalar(seed, "seed"));
+    OP_REQUIRES_OK(context, CheckIndexable(grad));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {num_slots_}, &values));
     OP_REQUIRES_OK(context, context->allocate_output(1, {num_slots_}, &indices));
-    BitsOf<T>* out_values = reinterpret_cast<BitsOf<T>*>(values->flat<T>().data());
-    int32_t* out_indices = indices->flat<int32_t>().data();
-    for (int64_t s = 0; s < num_slots_; ++s) {
-      out_indices[s] = SlotIndex(slots[s]);
-      out_values[s] = SlotValueBits<Format>(slots[s]);
-    }
+    OP_REQUIRES_OK(context, DragonnCompressLauncher<Device, T>()(context, grad, threshold, seed, values, indices));
   }
 
  private:
   int64_t num_slots_;
 };
 
-#define REGISTER(T)                                                                    \
-  REGISTER_KERNEL_BUILDER(                                                             \
-      Name("Tfcomp>DragonnCompress").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-      DragonnCompressOp<T>)
-REGISTER(float);
-REGISTER(Eigen::half);
-REGISTER(Eigen::bfloat16);
-#undef REGISTER
+TFCOMP_REGISTER_KERNELS("Tfcomp>DragonnCompress", DragonnCompressOp, );
 
 }  // namespace
 }  // namespace tfcomp

@@ -1,18 +1,15 @@
-// Helpers shared by the CPU op kernels: dtype formats, argument checks and thread sharding.
+// Helpers shared by the op kernels: dtype formats (every device) and thread sharding (CPU launchers).
 #ifndef TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
 #define TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <vector>
 
 #include "ops/cc/lib/magnitude.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/framework/tensor_shape.h"
-#include "tensorflow/core/lib/core/errors.h"
 
 namespace tfcomp {
 
@@ -40,80 +37,10 @@ const BitsOf<T>* AsBits(const T* data) {
   return reinterpret_cast<const BitsOf<T>*>(data);
 }
 
-// Fails unless `tensor` is a scalar; `name` is the op argument it came from.
-inline ::tensorflow::Status CheckScalar(const ::tensorflow::Tensor& tensor, const char* name) {
-  if (!::tensorflow::TensorShapeUtils::IsScalar(tensor.shape())) {
-    return ::tensorflow::errors::InvalidArgument(name, " must be a scalar, got shape ",
-                                                 tensor.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
-// Reads a finite float32 scalar threshold.
-inline ::tensorflow::Status ReadThreshold(const ::tensorflow::Tensor& tensor, float* threshold) {
-  TF_RETURN_IF_ERROR(CheckScalar(tensor, "threshold"));
-  *threshold = tensor.scalar<float>()();
-  if (!std::isfinite(*threshold)) {
-    return ::tensorflow::errors::InvalidArgument("threshold must be finite, got ", *threshold);
-  }
-  return ::tensorflow::OkStatus();
-}
-
-// Indices are int32: a gradient may hold at most 2^31 - 1 elements.
-inline ::tensorflow::Status CheckIndexable(const ::tensorflow::Tensor& grad) {
-  if (grad.NumElements() > std::numeric_limits<int32_t>::max()) {
-    return ::tensorflow::errors::InvalidArgument(
-        "grad has ", grad.NumElements(), " elements (shape ", grad.shape().DebugString(),
-        "); at most 2^31 - 1 are supported because indices are int32");
-  }
-  return ::tensorflow::OkStatus();
-}
-
-// estimate_threshold: grad non-empty, ratio a float32 scalar in (0, 1] (stored in *ratio), seed a scalar.
-inline ::tensorflow::Status CheckEstimateArgs(const ::tensorflow::Tensor& grad,
-                                              const ::tensorflow::Tensor& ratio_tensor,
-                                              const ::tensorflow::Tensor& seed_tensor, float* ratio) {
-  TF_RETURN_IF_ERROR(CheckScalar(ratio_tensor, "ratio"));
-  TF_RETURN_IF_ERROR(CheckScalar(seed_tensor, "seed"));
-  *ratio = ratio_tensor.scalar<float>()();
-  if (!(*ratio > 0.0f && *ratio <= 1.0f)) {
-    return ::tensorflow::errors::InvalidArgument("ratio must be in (0, 1], got ", *ratio);
-  }
-  if (grad.NumElements() == 0) {
-    return ::tensorflow::errors::InvalidArgument("grad must not be empty, got shape ", grad.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
-// topk_compress: k must not exceed the number of elements of grad.
-inline ::tensorflow::Status CheckTopkK(const ::tensorflow::Tensor& grad, int64_t k) {
-  if (k > grad.NumElements()) {
-    return ::tensorflow::errors::InvalidArgument("k must be <= the number of elements of grad (", grad.NumElements(),
-                                                 " for shape ", grad.shape().DebugString(), "), got ", k);
-  }
-  return ::tensorflow::OkStatus();
-}
-
-// sparse_batched_decode: values and indices must be vectors of the same length.
-inline ::tensorflow::Status CheckDecodePairs(const ::tensorflow::Tensor& values, const ::tensorflow::Tensor& indices) {
-  if (!::tensorflow::TensorShapeUtils::IsVector(values.shape())) {
-    return ::tensorflow::errors::InvalidArgument("values must be a vector, got shape ", values.shape().DebugString());
-  }
-  if (!::tensorflow::TensorShapeUtils::IsVector(indices.shape())) {
-    return ::tensorflow::errors::InvalidArgument("indices must be a vector, got shape ", indices.shape().DebugString());
-  }
-  if (values.NumElements() != indices.NumElements()) {
-    return ::tensorflow::errors::InvalidArgument("values and indices must have the same length, got values of shape ",
-                                                 values.shape().DebugString(), " and indices of shape ",
-                                                 indices.shape().DebugString());
-  }
-  return ::tensorflow::OkStatus();
-}
-
-// sparse_batched_decode: pair `position` holds `index`, outside [-1, size).
-inline ::tensorflow::Status BadDecodeIndex(int64_t position, int64_t index, int64_t size) {
-  return ::tensorflow::errors::InvalidArgument("indices[", position, "] = ", index, " is out of range for size ", size,
-                                               " (valid: -1 to ", size - 1, ")");
+// The elements of an output tensor of dtype T as their raw bits.
+template <typename T>
+BitsOf<T>* MutableBits(::tensorflow::Tensor* tensor) {
+  return reinterpret_cast<BitsOf<T>*>(tensor->flat<T>().data());
 }
 
 // Runs work(first_block, end_block) over ceil(total / block_size) blocks of block_size elements

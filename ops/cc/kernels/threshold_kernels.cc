@@ -1,40 +1,29 @@
-// CPU kernel of Tfcomp>EstimateThreshold.
-#include <cmath>
+// Tfcomp>EstimateThreshold: the OpKernel (every device) and its CPU launcher.
+#include <algorithm>
 #include <vector>
 
+#include "ops/cc/kernels/checks.h"
 #include "ops/cc/kernels/kernel_util.h"
+#include "ops/cc/kernels/launchers.h"
+#include "ops/cc/lib/hashing.h"
 #include "ops/cc/lib/sparsify.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tfcomp {
-namespace {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
 using ::tensorflow::Tensor;
 
 constexpr int64_t kSampleBlock = 1024;
 constexpr int64_t kPrefetchDistance = 32;
 
 template <typename T>
-class EstimateThresholdOp : public OpKernel {
- public:
-  explicit EstimateThresholdOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("num_samples", &num_samples_));
-  }
-
-  void Compute(OpKernelContext* context) override {
+struct EstimateThresholdLauncher<CpuDevice, T> {
+  Status operator()(OpKernelContext* context, const Tensor& grad, int64_t n, int64_t k, const Tensor& seed_tensor,
+                    Tensor* threshold) const {
     using Format = typename FormatOf<T>::type;
-    const Tensor& grad = context->input(0);
-    const Tensor& ratio_tensor = context->input(1);
-    const Tensor& seed_tensor = context->input(2);
-    float ratio;
-    OP_REQUIRES_OK(context, CheckEstimateArgs(grad, ratio_tensor, seed_tensor, &ratio));
     const int64_t size = grad.NumElements();
-
-    const int64_t n = std::min<int64_t>(num_samples_, size);
-    const int64_t k = SampleRank(ratio, n);
     const uint64_t seed = static_cast<uint64_t>(seed_tensor.scalar<int64_t>()());
     const BitsOf<T>* g = AsBits(grad.flat<T>().data());
 
@@ -55,25 +44,38 @@ class EstimateThresholdOp : public OpKernel {
         }
       }
     });
-    const BitsOf<T> key = KthLargestFiniteKey<Format>(keys.data(), n, k);
+    threshold->scalar<float>()() = Format::KeyToFloat(KthLargestFiniteKey<Format>(keys.data(), n, k));
+    return ::tensorflow::OkStatus();
+  }
+};
 
+namespace {
+
+// grad: any non-empty shape, T; ratio: float32 scalar in (0, 1] (host memory); seed: int64 scalar
+// -> threshold: float32 scalar.
+template <typename Device, typename T>
+class EstimateThresholdOp : public ::tensorflow::OpKernel {
+ public:
+  explicit EstimateThresholdOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("num_samples", &num_samples_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& grad = context->input(0);
+    const Tensor& seed = context->input(2);
+    float ratio = 0.0f;
+    OP_REQUIRES_OK(context, CheckEstimateArgs(grad, context->input(1), seed, &ratio));
+    const int64_t n = std::min<int64_t>(num_samples_, grad.NumElements());
     Tensor* threshold = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {}, &threshold));
-    threshold->scalar<float>()() = Format::KeyToFloat(key);
+    OP_REQUIRES_OK(context, EstimateThresholdLauncher<Device, T>()(context, grad, n, SampleRank(ratio, n), seed, threshold));
   }
 
  private:
   int64_t num_samples_;
 };
 
-#define REGISTER(T)                                                                     \
-  REGISTER_KERNEL_BUILDER(                                                              \
-      Name("Tfcomp>EstimateThreshold").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
-      EstimateThresholdOp<T>)
-REGISTER(float);
-REGISTER(Eigen::half);
-REGISTER(Eigen::bfloat16);
-#undef REGISTER
+TFCOMP_REGISTER_KERNELS("Tfcomp>EstimateThreshold", EstimateThresholdOp, .HostMemory("ratio"));
 
 }  // namespace
 }  // namespace tfcomp

@@ -7,7 +7,6 @@
 #ifndef TFCOMP_OPS_CC_LIB_MAGNITUDE_H_
 #define TFCOMP_OPS_CC_LIB_MAGNITUDE_H_
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -64,8 +63,14 @@ struct Float16Format {
     const int exponent = static_cast<int>(b >> 23) - 127;
     if (exponent > 15) return kInfKey;  // above the largest finite half, or +Inf
     if (exponent < -14) {
-      // Subnormal range: half values are m * 2^-24; scaling by 2^24 and ceil are exact in float32.
-      return static_cast<Bits>(ceilf(BitsToFloat(b) * 16777216.0f));
+      // Subnormal range: half values are m * 2^-24, so the key is ceil(t * 2^24) = ceil(s / 2^shift)
+      // for t = s * 2^(e - 150), s its significand and e its biased exponent (1 for a float32
+      // denormal). Integers only: a float multiply would take a float32-denormal t for 0 when
+      // denormals are flushed to zero, as TensorFlow runs its CPU kernels.
+      const uint32_t biased = b >> 23;
+      const uint32_t significand = biased == 0 ? b : (b & 0x7FFFFFu) | 0x800000u;
+      const int shift = 126 - static_cast<int>(biased == 0 ? 1 : biased);  // >= 14
+      return static_cast<Bits>(shift >= 24 ? 1 : (significand + (1u << shift) - 1) >> shift);
     }
     const uint32_t mantissa = b & 0x7FFFFFu;
     // Truncate to 10 mantissa bits, then step up when bits were cut (a carry moves the exponent).
@@ -101,10 +106,12 @@ TFCOMP_HOST_DEVICE inline typename Format::Bits MagnitudeKey(typename Format::Bi
 // The smallest magnitude key whose value is >= threshold (a float32): |g| >= threshold exactly when
 // the key of g is >= this key, also for float16/bfloat16 gradients, where the threshold generally
 // falls between two representable values. A threshold <= 0 or NaN gives key 0 (everything selected).
+// Decided on the bits: a float compare would take a denormal threshold for 0 under flush-to-zero.
 template <class Format>
 TFCOMP_HOST_DEVICE inline typename Format::Bits ThresholdKey(float threshold) {
-  if (!(threshold > 0.0f)) return 0;
-  return Format::RoundUpKey(FloatToBits(threshold));
+  const uint32_t bits = FloatToBits(threshold);
+  if (bits == 0 || bits > 0x7F800000u) return 0;  // +0, NaN, or the sign bit set
+  return Format::RoundUpKey(bits);
 }
 
 // True when |x| >= threshold, for x given by its bits and the threshold by its magnitude key

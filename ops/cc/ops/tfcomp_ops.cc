@@ -1,4 +1,5 @@
 // Op definitions: names, attributes, shape functions and documentation of the tfcomp ops.
+#include "ops/cc/kernels/checks.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -20,10 +21,11 @@ Status RequireRank(InferenceContext* c, int index, const char* name, int rank) {
   return ::tensorflow::OkStatus();
 }
 
-// Sets outputs 0 and 1 to vectors of length given by an integer attribute.
+// Sets outputs 0 and 1 to vectors of length given by an integer attribute (at most 2^31 - 1).
 Status PairOfVectors(InferenceContext* c, const char* length_attr) {
   int64_t length;
   TF_RETURN_IF_ERROR(c->GetAttr(length_attr, &length));
+  TF_RETURN_IF_ERROR(CheckLengthAttr(length_attr, length));
   c->set_output(0, c->Vector(length));
   c->set_output(1, c->Vector(length));
   return ::tensorflow::OkStatus();
@@ -52,8 +54,8 @@ equal stratum, positions from `seed`; every element when num_samples >= size) an
 k-th largest |g| among the finite samples, k = max(1, round(ratio * number of samples)).
 Non-finite samples are left out (the compressors always select NaN and Inf).
 
-grad: gradient of any non-empty shape.
-ratio: float32 scalar in (0, 1].
+grad: gradient of any non-empty shape, at most 2^31 - 1 elements.
+ratio: float32 scalar in (0, 1] (in host memory on GPU).
 seed: int64 scalar; the same seed gives the same sample.
 threshold: float32 scalar.
 )doc");
@@ -80,8 +82,10 @@ larger magnitude keeps the slot (NaN above Inf above finite; equal magnitudes: t
 so the output depends only on the inputs. Empty slots hold index -1 and value 0.
 
 grad: gradient of any shape, at most 2^31 - 1 elements.
-threshold: float32 finite scalar.
+threshold: float32 finite scalar (on GPU its value stays on the device and is not checked: NaN
+  selects every element, +Inf only the non-finite ones).
 seed: int64 scalar selecting the hash function.
+num_slots: at most 2^31 - 1.
 values: [num_slots], grad's dtype: grad[indices], 0 where the index is -1.
 indices: [num_slots] int32 flat indices into grad, or -1.
 )doc");
@@ -102,7 +106,9 @@ DGC threshold sparsification (004 Algorithm 3): the elements with |g| >= thresho
 always) in increasing index order, the first max_out of them, padded with index -1 and value 0.
 
 grad: gradient of any shape, at most 2^31 - 1 elements.
-threshold: float32 finite scalar.
+threshold: float32 finite scalar (on GPU its value stays on the device and is not checked: NaN
+  selects every element, +Inf only the non-finite ones).
+max_out: at most 2^31 - 1.
 values: [max_out], grad's dtype.
 indices: [max_out] int32 flat indices into grad, or -1.
 )doc");
@@ -140,6 +146,7 @@ REGISTER_OP("Tfcomp>SparseBatchedDecode")
       }
       int64_t size;
       TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
+      TF_RETURN_IF_ERROR(CheckLengthAttr("size", size));
       c->set_output(0, c->Vector(size));
       return ::tensorflow::OkStatus();
     })
@@ -150,6 +157,7 @@ An index < -1 or >= size is an InvalidArgument error and nothing is written.
 
 values: [n], float32, float16 or bfloat16.
 indices: [n] int32.
+size: at most 2^31 - 1.
 dense: [size], values' dtype.
 )doc");
 

@@ -1,0 +1,146 @@
+// GPU launchers of the tfcomp ops (ops/cc/kernels/launchers.h), compiled only in the CUDA build
+// (--config=cuda). The OpKernels of ops/cc/kernels/ check the arguments and allocate the outputs for
+// every device; these launchers allocate their scratch (allocate_temp, sized by the CUDA launcher's
+// query) and enqueue the framework-free CUDA code of tfcomp_cuda.h on the op's stream. A CUDA error
+// becomes an Internal error naming the op.
+// Nothing here waits for the device except the decode, which synchronises its stream once, after the
+// scatter, to report an index out of range. Threshold and seed stay in device memory (their values
+// are not checked, see ops/cc/kernels/checks.h); estimate_threshold's ratio is in host memory.
+// First: included after TensorFlow's logging, stream_executor's absl/log/check.h redefines CHECK.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ops/cc/cuda/tfcomp_cuda.h"
+#include "ops/cc/kernels/kernel_util.h"
+#include "ops/cc/kernels/launchers.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/platform/stream_executor.h"
+
+namespace tfcomp {
+
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+namespace errors = ::tensorflow::errors;
+
+namespace {
+
+// A CUDA error as a TensorFlow error naming the op (never an abort).
+Status CudaStatus(OpKernelContext* context, cudaError_t error) {
+  if (error == cudaSuccess) return ::tensorflow::OkStatus();
+  return errors::Internal(context->op_kernel().type_string(), " on GPU: ", cudaGetErrorName(error), ": ",
+                          cudaGetErrorString(error));
+}
+
+// The CUDA stream TensorFlow runs this op on.
+Status GetStream(OpKernelContext* context, cudaStream_t* stream) {
+  const auto* device_context = context->op_device_context();
+  if (device_context == nullptr || device_context->stream() == nullptr) {
+    return errors::Internal(context->op_kernel().type_string(), " on GPU: the op has no GPU stream");
+  }
+  *stream = reinterpret_cast<cudaStream_t>(device_context->stream()->platform_specific_handle().stream);
+  return ::tensorflow::OkStatus();
+}
+
+// Runs launch(scratch, &scratch_bytes, stream) CUB-style: a query for the scratch size, a scratch
+// tensor from allocate_temp, then the launch.
+template <class Launch>
+Status LaunchWithScratch(OpKernelContext* context, const Launch& launch) {
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  size_t bytes = 0;
+  TF_RETURN_IF_ERROR(CudaStatus(context, launch(nullptr, &bytes, stream)));
+  Tensor scratch;
+  TF_RETURN_IF_ERROR(
+      context->allocate_temp(::tensorflow::DT_UINT8, {static_cast<int64_t>(std::max<size_t>(bytes, 1))}, &scratch));
+  return CudaStatus(context, launch(scratch.flat<::tensorflow::uint8>().data(), &bytes, stream));
+}
+
+}  // namespace
+
+template <typename T>
+Status EstimateThresholdLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Tensor& grad, int64_t n,
+                                                           int64_t k, const Tensor& seed, Tensor* threshold) const {
+  return LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
+    return cuda::EstimateThreshold<typename FormatOf<T>::type>(AsBits(grad.flat<T>().data()), grad.NumElements(), n, k,
+                                                               seed.scalar<int64_t>().data(),
+                                                               threshold->scalar<float>().data(), scratch, bytes, stream);
+  });
+}
+
+template <typename T>
+Status DragonnCompressLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Tensor& grad,
+                                                         const Tensor& threshold, const Tensor& seed, Tensor* values,
+                                                         Tensor* indices) const {
+  return LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
+    return cuda::DragonnCompress<typename FormatOf<T>::type>(
+        AsBits(grad.flat<T>().data()), grad.NumElements(), threshold.scalar<float>().data(),
+        seed.scalar<int64_t>().data(), values->NumElements(), MutableBits<T>(values), indices->flat<int32_t>().data(),
+        scratch, bytes, stream);
+  });
+}
+
+template <typename T>
+Status DgcCompressLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Tensor& grad,
+                                                     const Tensor& threshold, Tensor* values, Tensor* indices) const {
+  return LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
+    return cuda::DgcCompress<typename FormatOf<T>::type>(
+        AsBits(grad.flat<T>().data()), grad.NumElements(), threshold.scalar<float>().data(), values->NumElements(),
+        MutableBits<T>(values), indices->flat<int32_t>().data(), scratch, bytes, stream);
+  });
+}
+
+template <typename T>
+Status TopkCompressLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Tensor& grad, Tensor* values,
+                                                      Tensor* indices) const {
+  return LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
+    return cuda::TopkCompress<typename FormatOf<T>::type>(AsBits(grad.flat<T>().data()), grad.NumElements(),
+                                                          values->NumElements(), MutableBits<T>(values),
+                                                          indices->flat<int32_t>().data(), scratch, bytes, stream);
+  });
+}
+
+template <typename T>
+Status SparseBatchedDecodeLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Tensor& values,
+                                                             const Tensor& indices, Tensor* dense,
+                                                             int64_t* bad_position, int32_t* bad_index) const {
+  const int64_t n = values.NumElements();
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  Tensor first_bad_tensor;
+  TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_INT64, {1}, &first_bad_tensor));
+  int64_t* first_bad = first_bad_tensor.flat<int64_t>().data();
+  const int32_t* pair_indices = indices.flat<int32_t>().data();
+  TF_RETURN_IF_ERROR(CudaStatus(
+      context, cuda::SparseBatchedDecode<typename FormatOf<T>::type>(AsBits(values.flat<T>().data()), pair_indices, n,
+                                                                    dense->NumElements(), MutableBits<T>(dense),
+                                                                    first_bad, stream)));
+  // The one wait: is any index out of range?
+  int64_t bad = 0;
+  TF_RETURN_IF_ERROR(
+      CudaStatus(context, cudaMemcpyAsync(&bad, first_bad, sizeof(bad), cudaMemcpyDeviceToHost, stream)));
+  TF_RETURN_IF_ERROR(CudaStatus(context, cudaStreamSynchronize(stream)));
+  *bad_position = -1;
+  if (bad < n) {
+    *bad_position = bad;
+    TF_RETURN_IF_ERROR(CudaStatus(
+        context, cudaMemcpyAsync(bad_index, pair_indices + bad, sizeof(*bad_index), cudaMemcpyDeviceToHost, stream)));
+    TF_RETURN_IF_ERROR(CudaStatus(context, cudaStreamSynchronize(stream)));
+  }
+  return ::tensorflow::OkStatus();
+}
+
+#define TFCOMP_INSTANTIATE(T)                                 \
+  template struct EstimateThresholdLauncher<GpuDevice, T>;   \
+  template struct DragonnCompressLauncher<GpuDevice, T>;     \
+  template struct DgcCompressLauncher<GpuDevice, T>;         \
+  template struct TopkCompressLauncher<GpuDevice, T>;        \
+  template struct SparseBatchedDecodeLauncher<GpuDevice, T>;
+TFCOMP_INSTANTIATE(float)
+TFCOMP_INSTANTIATE(Eigen::half)
+TFCOMP_INSTANTIATE(Eigen::bfloat16)
+#undef TFCOMP_INSTANTIATE
+
+}  // namespace tfcomp

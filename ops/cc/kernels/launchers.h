@@ -1,0 +1,114 @@
+// The per-device launchers of the tfcomp ops (tensorflow/custom-op's functor pattern).
+//
+// Each op has one OpKernel class template on (Device, T), in ops/cc/kernels/<op>_kernels.cc. It reads
+// the attributes, runs every argument check (ops/cc/kernels/checks.h), allocates the outputs and calls
+// the op's launcher for its device, which only runs the math on arguments already checked:
+//   * CpuDevice: the framework-free core of ops/cc/lib on the intra-op threads, a partial
+//     specialization defined beside the OpKernel;
+//   * GpuDevice: the framework-free CUDA code of ops/cc/cuda/tfcomp_cuda.h on the op's stream, declared
+//     below and defined in ops/cc/cuda/gpu_launchers.cc, only in the CUDA build (TFCOMP_CUDA).
+// T is float, Eigen::half or Eigen::bfloat16. Scalars that other ops produce (threshold, seed) reach a
+// launcher as tensors: in host memory on the CPU, in device memory on the GPU, where reading them
+// would make an encode wait for the host (kScalarsOnHost). A launcher returns an error only when the
+// device fails (an allocation, a CUDA error).
+#ifndef TFCOMP_OPS_CC_KERNELS_LAUNCHERS_H_
+#define TFCOMP_OPS_CC_KERNELS_LAUNCHERS_H_
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/status.h"
+
+namespace tfcomp {
+
+// Device tags of the launchers.
+struct CpuDevice {};
+struct GpuDevice {};
+
+// Whether threshold and seed are in host memory on Device, so that the OpKernel can check their values.
+template <typename Device>
+constexpr bool kScalarsOnHost = std::is_same<Device, CpuDevice>::value;
+
+// estimate_threshold: threshold (float32 scalar) = the k-th largest finite |g| of the n samples of grad
+// drawn with seed (int64 scalar); 1 <= n <= grad's elements, k >= 1.
+template <typename Device, typename T>
+struct EstimateThresholdLauncher;
+
+// dragonn_compress: values, indices [num_slots] = DRAGONN's slots of the elements of grad with
+// |g| >= threshold (float32 scalar), hashed by seed (int64 scalar).
+template <typename Device, typename T>
+struct DragonnCompressLauncher;
+
+// dgc_compress: values, indices [max_out] = the first max_out elements of grad with |g| >= threshold,
+// padded with -1 / 0.
+template <typename Device, typename T>
+struct DgcCompressLauncher;
+
+// topk_compress: values, indices [k] = the k elements of grad of largest |g|, in index order; k <= size.
+template <typename Device, typename T>
+struct TopkCompressLauncher;
+
+// sparse_batched_decode: dense [size] = the sum of the pairs (values[p], indices[p]), -1 skipped. The
+// first pair whose index is outside [-1, size) is reported in *bad_position and *bad_index
+// (*bad_position = -1 when there is none); dense is then undefined.
+template <typename Device, typename T>
+struct SparseBatchedDecodeLauncher;
+
+#if TFCOMP_CUDA
+template <typename T>
+struct EstimateThresholdLauncher<GpuDevice, T> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad, int64_t n,
+                                  int64_t k, const ::tensorflow::Tensor& seed, ::tensorflow::Tensor* threshold) const;
+};
+
+template <typename T>
+struct DragonnCompressLauncher<GpuDevice, T> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad,
+                                  const ::tensorflow::Tensor& threshold, const ::tensorflow::Tensor& seed,
+                                  ::tensorflow::Tensor* values, ::tensorflow::Tensor* indices) const;
+};
+
+template <typename T>
+struct DgcCompressLauncher<GpuDevice, T> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad,
+                                  const ::tensorflow::Tensor& threshold, ::tensorflow::Tensor* values,
+                                  ::tensorflow::Tensor* indices) const;
+};
+
+template <typename T>
+struct TopkCompressLauncher<GpuDevice, T> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad,
+                                  ::tensorflow::Tensor* values, ::tensorflow::Tensor* indices) const;
+};
+
+template <typename T>
+struct SparseBatchedDecodeLauncher<GpuDevice, T> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& values,
+                                  const ::tensorflow::Tensor& indices, ::tensorflow::Tensor* dense,
+                                  int64_t* bad_position, int32_t* bad_index) const;
+};
+#endif  // TFCOMP_CUDA
+
+// Registers Kernel<CpuDevice, T> for DEVICE_CPU and, in the CUDA build, Kernel<GpuDevice, T> for
+// DEVICE_GPU (its builder extended by gpu_builder_suffix, e.g. .HostMemory("ratio")), for T float32,
+// float16 and bfloat16.
+#define TFCOMP_REGISTER_ONE(op, Kernel, tf_device, DeviceTag, builder_suffix, T)                               \
+  REGISTER_KERNEL_BUILDER(Name(op).Device(::tensorflow::tf_device).TypeConstraint<T>("T") builder_suffix, \
+                          Kernel<DeviceTag, T>)
+#define TFCOMP_REGISTER_DEVICE(op, Kernel, tf_device, DeviceTag, builder_suffix)     \
+  TFCOMP_REGISTER_ONE(op, Kernel, tf_device, DeviceTag, builder_suffix, float);       \
+  TFCOMP_REGISTER_ONE(op, Kernel, tf_device, DeviceTag, builder_suffix, Eigen::half); \
+  TFCOMP_REGISTER_ONE(op, Kernel, tf_device, DeviceTag, builder_suffix, Eigen::bfloat16)
+#if TFCOMP_CUDA
+#define TFCOMP_REGISTER_KERNELS(op, Kernel, gpu_builder_suffix) \
+  TFCOMP_REGISTER_DEVICE(op, Kernel, DEVICE_CPU, CpuDevice, );  \
+  TFCOMP_REGISTER_DEVICE(op, Kernel, DEVICE_GPU, GpuDevice, gpu_builder_suffix)
+#else
+#define TFCOMP_REGISTER_KERNELS(op, Kernel, gpu_builder_suffix) TFCOMP_REGISTER_DEVICE(op, Kernel, DEVICE_CPU, CpuDevice, )
+#endif
+
+}  // namespace tfcomp
+
+#endif  // TFCOMP_OPS_CC_KERNELS_LAUNCHERS_H_
