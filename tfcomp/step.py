@@ -45,13 +45,13 @@ class _Payload(NamedTuple):
 
 
 class _MemoryUpdate(NamedTuple):
-    """What one bucket's error feedback keeps: the accumulated gradient (float32 [n]) less what was
-    sent (`_Payload.sent`; None after a warm-up step, which sent everything), and DGC's momentum
-    (float32 [n] or None)."""
+    """One bucket's new error-feedback memory: the residual (float32 [n]; None: zero, after a
+    warm-up step, which sent everything) and DGC's momentum (float32 [n] or None), both still to
+    be cleared at the (values, indices) this worker sent (`cleared`; None: nothing to clear)."""
 
-    accumulated: tf.Tensor
-    sent: object
+    residual: object
     momentum: object
+    cleared: object
 
 
 def _concat(flats):
@@ -203,38 +203,43 @@ class StepGraph:
         return residual + momentum, momentum
 
     def _update_memory(self, bucket, sources, sizes, update):
-        """The assignments of the bucket's new memory: each residual becomes its part of the
-        accumulated gradient with the sent elements cleared in place (k writes, no dense copy of
-        what was sent), or less the dense value the quantisers sent, or zero after a warm-up step;
-        DGC's momentum is cleared where a non-zero value was sent (factor masking)."""
+        """The assignments of the bucket's new memory: each residual (and DGC momentum) becomes its
+        part of `update`, with the sent elements then cleared in place (k writes: no dense copy of
+        what was sent), or zero after a warm-up step."""
         memory = self.state.memory
-        accumulated = _split(update.accumulated, bucket, sizes)
-        momenta = [None] * len(accumulated) if update.momentum is None else _split(update.momentum, bucket, sizes)
-        dense_sent = None if update.sent is None or isinstance(update.sent, tuple) else _split(update.sent, bucket, sizes)
+        with_momentum = self.compressor.momentum is not None
+        residuals = [None] * len(bucket.positions) if update.residual is None else _split(update.residual, bucket, sizes)
+        momenta = [None] * len(bucket.positions) if update.momentum is None else _split(update.momentum, bucket, sizes)
         assignments, offset = [], 0
-        for n, (i, part, momentum_part) in enumerate(zip(bucket.positions, accumulated, momenta)):
-            variables = [memory.residual(sources[i], sizes[i], with_momentum=momentum_part is not None)]
-            values = [part]
-            if momentum_part is not None:
-                variables.append(memory.momentum(sources[i], sizes[i]))
-                values.append(momentum_part)
-            if update.sent is None:
-                assignments += [v.assign(tf.zeros_like(x)) for v, x in zip(variables, values)]
-            elif dense_sent is not None:
-                sent = dense_sent[n]
-                assignments.append(variables[0].assign(part - sent))
-                if momentum_part is not None:
-                    assignments.append(variables[1].assign(tf.where(sent != 0, 0.0, momentum_part)))
+        for i, residual_part, momentum_part in zip(bucket.positions, residuals, momenta):
+            targets = [(memory.residual(sources[i], sizes[i], with_momentum=with_momentum), residual_part)]
+            if with_momentum:
+                targets.append((memory.momentum(sources[i], sizes[i]), momentum_part))
+            if update.cleared is None:
+                assignments += [v.assign(tf.zeros_like(v) if x is None else x) for v, x in targets]
             else:
-                sent_values, sent_indices = update.sent
+                sent_values, sent_indices = update.cleared
                 here = (sent_indices >= offset) & (sent_indices < offset + sizes[i]) & (sent_values != 0)
                 cleared = tf.reshape(tf.boolean_mask(sent_indices, here) - offset, [-1, 1])
                 zeros = tf.zeros(tf.shape(cleared)[:1], tf.float32)
-                for v, x in zip(variables, values):
+                for v, x in targets:
                     with tf.control_dependencies([v.assign(x)]):
                         assignments.append(v.scatter_nd_update(cleared, zeros))
             offset += sizes[i]
         return tf.group(assignments)
+
+    @staticmethod
+    def _memory_update(acc, momentum, payload, after) -> _MemoryUpdate:
+        """What error feedback keeps of one bucket. Where the payload is acc's own values at known
+        indices, acc itself, to be cleared there later; else (the quantisers) acc less the dense
+        value sent, computed right `after` the encode so that acc's and the sent tensor's buffers
+        are free before the decode (DGC's momentum masked where a non-zero value went)."""
+        if isinstance(payload.sent, tuple):
+            return _MemoryUpdate(acc, momentum, payload.sent)
+        with tf.control_dependencies(after):
+            remainder = tf.identity(acc) - payload.sent
+            masked = None if momentum is None else tf.where(payload.sent != 0, 0.0, momentum)
+        return _MemoryUpdate(remainder, masked, None)
 
     def _send_compressed(self, accumulated, buckets):
         """Encodes, exchanges and decodes the accumulated buckets.
@@ -257,13 +262,13 @@ class StepGraph:
                 encoded = compressor.encode(acc, seed, worker)
                 sent = None
                 if compressor.error_feedback:
-                    sent = compressor.sent_pairs(encoded) or compressor.decode_local(encoded, int(acc.shape[0]))
+                    pairs = compressor.sent_pairs(encoded)
+                    sent = tuple(pairs) if pairs else compressor.decode_local(encoded, int(acc.shape[0]))
                 payload = _Payload(encoded.wire, encoded.context, sent)
             non_finite = tf.reshape(tf.cast(tf.reduce_any(tf.logical_not(tf.math.is_finite(acc))), tf.float32), [1])
             payloads.append(payload._replace(wire=tuple(payload.wire) + (non_finite,)))
             if compressor.error_feedback:
-                updates.append(_MemoryUpdate(acc, tuple(payload.sent) if isinstance(payload.sent, (tuple, list))
-                                             else payload.sent, momentum))
+                updates.append(self._memory_update(acc, momentum, payload, [non_finite, *payload.wire]))
         received = [None] * len(buckets)
         for strategy in ("allgather", "allreduce", "artopk"):
             members = [n for n, b in enumerate(buckets) if b.strategy == strategy]
@@ -312,5 +317,5 @@ class StepGraph:
         reduced = list(self._allreduce_dense([acc for acc, _ in accumulated]))
         updates = []
         if self.compressor.error_feedback:
-            updates = [_MemoryUpdate(acc, None, momentum) for acc, momentum in accumulated]
+            updates = [_MemoryUpdate(None, None, None) for _ in accumulated]
         return reduced, updates
