@@ -15,8 +15,7 @@ asks the same model about other clusters.
 
 from tfcomp import calibration, checkpointing, cost_model, ops, planning
 from tfcomp.compressors import DGC, DRAGONN, FP16, QSGD, Compressor, EFSignSGD, NoCompression, RandomK, TopK
-from tfcomp.exchange import GradientExchange
-from tfcomp.horovod_glue import exchange_of
+from tfcomp.exchange import GradientExchange, exchange_of
 from tfcomp.horovod_glue import install as _install_horovod_glue
 from tfcomp.optimizer import DistributedOptimizer
 from tfcomp.version import __version__

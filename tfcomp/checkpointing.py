@@ -24,17 +24,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfcomp.collectives import allgather_rows
-from tfcomp.exchange import GradientExchange
+from tfcomp.exchange import exchange_of
 
 __all__ = ["GatherStateCallback", "gather_state"]
-
-
-def _exchange(distributed) -> GradientExchange:
-    exchange = distributed if isinstance(distributed, GradientExchange) else getattr(distributed, "_allreduce_grads", None)
-    if not isinstance(exchange, GradientExchange):
-        raise TypeError(f"distributed must be a tfcomp exchange, or an optimizer or tape built with a tfcomp "
-                        f"compressor, got {type(distributed).__name__}")
-    return exchange
 
 
 def gather_state(distributed) -> None:
@@ -45,7 +37,7 @@ def gather_state(distributed) -> None:
       distributed: a distributed optimizer or tape built with a tfcomp compressor, or its
         `GradientExchange` (`tfcomp.exchange_of`).
     """
-    exchange = _exchange(distributed)
+    exchange = exchange_of(distributed)
     state, process_set = exchange.state, exchange.process_set
     if not process_set.included():
         return

@@ -34,7 +34,8 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph, wire_bytes
 
-__all__ = ["COMPRESSIBLE_DTYPES", "GradientExchange", "TensorRecord", "check_tf2_mode"]
+__all__ = ["COMPRESSIBLE_DTYPES", "GradientExchange", "TensorRecord", "check_predivide_factor", "check_tf2_mode",
+           "exchange_of"]
 
 COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
@@ -50,6 +51,13 @@ def check_tf2_mode() -> None:
             "custom loops with or without @tf.function). TF1 graph mode (tf.compat.v1 sessions, "
             "tf.compat.v1.disable_eager_execution(), or building under tf.Graph().as_default()) is not "
             "supported; use Horovod's own compression there")
+
+
+def check_predivide_factor(factor) -> float:
+    """`gradient_predivide_factor` as a float; ValueError unless it is a finite number > 0."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < float(factor) < float("inf"):
+        raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {factor!r}")
+    return float(factor)
 
 
 @dataclass(frozen=True)
@@ -123,12 +131,9 @@ class GradientExchange(tf.Module):
             raise TypeError(f"compressor must be a tfcomp.Compressor instance, got {compressor!r}")
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError(f"op must be hvd.Average or hvd.Sum for tfcomp compressors, got {op!r}")
-        factor = gradient_predivide_factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < float(factor) < float("inf"):
-            raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {factor!r}")
         self.compressor = compressor
         self.op = op
-        self.gradient_predivide_factor = float(factor)
+        self.gradient_predivide_factor = check_predivide_factor(gradient_predivide_factor)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
         collectives = collectives or HorovodCollectives(process_set)
@@ -294,3 +299,15 @@ class GradientExchange(tf.Module):
         dense, sent = self.bytes_per_step()
         lines.append(f"{'total':40s} {'':10s} {'':22s} {dense:10d} {sent:10d}  ({sent / max(dense, 1):.2%} of dense)")
         return "\n".join(lines)
+
+
+def exchange_of(distributed) -> GradientExchange:
+    """The tfcomp exchange behind a distributed optimizer or tape built with a tfcomp compressor
+    (or `distributed` itself, if it is one). Its `state` holds the residuals and step counter
+    (give it to a `tf.train.Checkpoint` of a custom loop with a tape); `describe()` tells how each
+    gradient is exchanged."""
+    exchange = distributed if isinstance(distributed, GradientExchange) else getattr(distributed, "_allreduce_grads", None)
+    if not isinstance(exchange, GradientExchange):
+        raise TypeError(f"{type(distributed).__name__} does not run a tfcomp exchange: build it with "
+                        "compression=<a tfcomp compressor>")
+    return exchange

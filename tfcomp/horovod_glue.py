@@ -15,7 +15,7 @@ without touching Horovod's files:
 
 A tfcomp compressor class or a string given as `compression`, an optimizer built inside a
 `tf.distribute` strategy scope, and TF1 graph mode are refused at construction.
-`exchange_of(optimizer_or_tape)` is the public way to reach an exchange (its `describe()`, its
+`tfcomp.exchange_of(optimizer_or_tape)` is the public way to reach an exchange (its `describe()`, its
 `state` for a `tf.train.Checkpoint` of a custom loop).
 """
 
@@ -28,10 +28,10 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from tfcomp.compressors import Compressor, check_compression
-from tfcomp.exchange import GradientExchange, check_tf2_mode
+from tfcomp.exchange import GradientExchange, check_predivide_factor, check_tf2_mode
 from tfcomp.version import check_supported_stack
 
-__all__ = ["exchange_of", "install", "validate_optimizer_arguments"]
+__all__ = ["install", "validate_optimizer_arguments"]
 
 _MARK = "_tfcomp_wrapped"
 _TAPE_NAME = "DistributedGradientTape"  # the name Horovod's tape gives _make_allreduce_grads_fn
@@ -64,20 +64,7 @@ def validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_
             f"op=hvd.Adasum cannot combine the payloads of {compression!r}: Adasum needs dense tensors. "
             "Use op=hvd.Average or hvd.Sum, or compression=tfcomp.NoCompression()"
         )
-    factor = gradient_predivide_factor
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < float(factor) < float("inf"):
-        raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {factor!r}")
-
-
-def exchange_of(distributed) -> GradientExchange:
-    """The tfcomp exchange behind a distributed optimizer or tape built with a tfcomp compressor.
-    Its `state` holds the residuals and step counter (give it to a `tf.train.Checkpoint` of a
-    custom loop with a tape); `describe()` tells how each gradient is exchanged."""
-    exchange = getattr(distributed, "_allreduce_grads", None)
-    if not isinstance(exchange, GradientExchange):
-        raise TypeError(f"{type(distributed).__name__} does not run a tfcomp exchange: build it with "
-                        "compression=<a tfcomp compressor>")
-    return exchange
+    check_predivide_factor(gradient_predivide_factor)
 
 
 def _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set) -> GradientExchange:

@@ -108,10 +108,9 @@ class ExchangeState(tf.Module):
         the update still owed) and frees the gathered copies. Returns "exact", "mean", or "" when
         there was nothing to adopt. Runs eagerly."""
         with tf.init_scope():
-            vectors = [v for v in self.memory_vectors() if v.shape.num_elements()]
-            if not vectors or int(self.gathered_step.numpy()) != int(self.step.numpy()):
-                return ""
             kept = self.memory_vectors()
+            if not any(v.shape.num_elements() for v in kept) or int(self.gathered_step.numpy()) != int(self.step.numpy()):
+                return ""
             rows = [tf.convert_to_tensor(self.gathered_vector(i)) for i in range(len(kept))]
             used = [(r, v) for r, v in zip(rows, kept) if v.shape.num_elements()]
             if any(r.shape.rank != 2 or r.shape[1] != v.shape.num_elements() for r, v in used):

@@ -15,22 +15,14 @@ point (the exchange calls it the first time it sees a list of gradients), and re
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 
 from tfcomp import calibration, planning
 from tfcomp.collectives import allgather_integers
 from tfcomp.cost_model import ClusterModel
-from tfcomp.planning import PlanMismatchError
+from tfcomp.planning import PlanMismatchError, digest
 
-__all__ = ["Planner", "TensorSignature", "digest"]
-
-
-def digest(value) -> int:
-    """A 63-bit hash of a JSON-serialisable value (equal on every rank for equal values)."""
-    text = json.dumps(value, sort_keys=True, default=repr)
-    return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+__all__ = ["Planner", "TensorSignature"]
 
 
 class TensorSignature(tuple):
@@ -92,15 +84,16 @@ class Planner:
         }
         mine = [digest(value) for value in parts.values()] + [len(signature)]
         gathered = allgather_integers(mine, self.process_set, "tfcomp_agreement")
-        differing = [name for column, name in enumerate(parts) if len(set(gathered[:, column])) > 1]
+        columns = {name: column for column, name in enumerate(parts) if len(set(gathered[:, column])) > 1}
+        differing = list(columns)
         if not differing:
             return
         rank = self.process_set.rank()
         details = [f"rank {rank} has {name} {parts[name]!r}" for name in differing if name != "gradients"]
         if "gradients" in differing:
             details.append(self._first_differing_gradient(signature, int(max(gathered[:, -1]))))
-        mismatched = sorted({r for name in differing for r in range(len(gathered))
-                             if gathered[r, list(parts).index(name)] != gathered[0, list(parts).index(name)]})
+        mismatched = sorted({r for column in columns.values() for r in range(len(gathered))
+                             if gathered[r, column] != gathered[0, column]})
         raise PlanMismatchError(
             f"tfcomp: the ranks' exchanges differ in {', '.join(differing)} (ranks that differ from rank 0: "
             f"{mismatched}); every rank must train the same model with the same compressor and settings. "

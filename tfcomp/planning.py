@@ -25,10 +25,16 @@ from dataclasses import dataclass
 
 from tfcomp import cost_model as cm
 
-__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "make_plan", "per_tensor_plan",
+__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "digest", "make_plan", "per_tensor_plan",
            "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
+
+
+def digest(value) -> int:
+    """A 63-bit hash of a JSON-serialisable value (equal on every rank for equal values)."""
+    text = json.dumps(value, sort_keys=True, default=repr)
+    return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
 
 
 @dataclass(frozen=True)
@@ -54,9 +60,7 @@ class Plan:
 
     def digest(self) -> int:
         """A 63-bit hash of everything that decides what the exchange runs (equal on all ranks)."""
-        text = json.dumps([[list(b.positions), b.strategy] for b in self.buckets] + [repr(self.compressor)],
-                          sort_keys=True)
-        return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+        return digest([[list(b.positions), b.strategy] for b in self.buckets] + [repr(self.compressor)])
 
     @property
     def compressed(self) -> tuple:

@@ -155,26 +155,26 @@ class StepGraph:
         """The reduced flat float32 tensor of each compressed bucket, with the memory updated."""
         compressor = self.compressor
         accumulated = [self._accumulate_bucket(b, grads, sources) for b in buckets]
-        dense_finite = [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(o)))
-                        for o in dense_results if o is not None and o.dtype.is_floating]
 
         def compressed():
             return self._with_memory_update(buckets, sources, sizes, *self._send_compressed(accumulated, buckets),
-                                            dense_finite)
+                                            dense_results)
 
         if compressor.warmup_steps > 0:
             def dense():
-                return self._with_memory_update(buckets, sources, sizes, *self._send_dense(accumulated), dense_finite)
+                return self._with_memory_update(buckets, sources, sizes, *self._send_dense(accumulated), dense_results)
 
             return tf.cond(self.state.step < compressor.warmup_steps, dense, compressed)
         return compressed()
 
-    def _with_memory_update(self, buckets, sources, sizes, reduced, updates, dense_finite):
-        """`reduced`, once the buckets' memory is updated: unless some reduced gradient is not
-        finite (a step a loss-scale optimizer skips), when the memory stays as it was."""
+    def _with_memory_update(self, buckets, sources, sizes, reduced, updates, dense_results):
+        """`reduced`, once the buckets' memory is updated: unless some reduced gradient (of the
+        buckets, or of the floating-point `dense_results`) is not finite (a step a loss-scale
+        optimizer skips), when the memory stays as it was."""
         if not self.compressor.error_feedback:
             return reduced
-        finite = [tf.reduce_all(tf.math.is_finite(r)) for r in reduced] + dense_finite
+        dense = [tf.convert_to_tensor(o) for o in dense_results if o is not None and o.dtype.is_floating]
+        finite = [tf.reduce_all(tf.math.is_finite(r)) for r in list(reduced) + dense]
         keep = tf.logical_not(tf.reduce_all(finite))
         assigned = tf.cond(keep, tf.no_op, lambda: tf.group(
             [self._update_memory(b, sources, sizes, u) for b, u in zip(buckets, updates)]))
