@@ -20,6 +20,10 @@ need_apt=()
 command -v bazel >/dev/null 2>&1 || need_apt+=(bazel-bootstrap)
 [ -d /usr/share/bazel/tools/platforms ] || need_apt+=(bazel-platforms)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# The emulated cluster (benchmarks/cluster.py) runs one sshd per host namespace.
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+# Fashion-MNIST's four IDX archives, from which tfds builds its fashion_mnist offline.
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need_apt+=(dataset-fashion-mnist)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -1,0 +1,96 @@
+"""The emulated cluster (benchmarks/cluster.py): shaped links that match the ring model, and a
+teardown that leaves nothing behind. The cluster tests need root and sshd; they skip otherwise."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks import cluster as cl
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REASON = cl.cluster_unavailable_reason()
+needs_cluster = pytest.mark.skipif(REASON is not None, reason=str(REASON))
+
+
+def leftovers(tag: str) -> list:
+    """Namespaces, /etc/netns entries and sshd processes of the cluster with this tag."""
+    found = [n for n in cl._namespaces() if n.startswith(tag)]
+    if os.path.isdir(cl.NETNS_ETC):
+        found += [f"/etc/netns/{n}" for n in os.listdir(cl.NETNS_ETC) if n.startswith(tag)]
+    sshd = subprocess.run(["pgrep", "-af", "sshd"], capture_output=True, text=True).stdout
+    found += [line for line in sshd.splitlines() if tag in line]
+    return found
+
+
+@pytest.mark.parametrize("rate, bits", [("1gbit", 1e9), ("500Mbit", 5e8), ("2.5gbit/s", 2.5e9), ("none", None)])
+def test_rates_parse(rate, bits):
+    assert cl.parse_rate(rate) == bits
+
+
+@pytest.mark.parametrize("rate", ["fast", "1 gigabit", "0gbit", "-1mbit", "1gb"])
+def test_bad_rate_names_the_argument(rate):
+    with pytest.raises(ValueError, match="--rate"):
+        cl.parse_rate(rate)
+
+
+def test_bad_host_count_names_the_argument():
+    with pytest.raises(ValueError, match="hosts"):
+        cl.Cluster(hosts=0)
+
+
+@needs_cluster
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_allreduce_at_one_gbit_follows_the_ring_model(hosts):
+    """A 32 MiB allreduce takes 2 (K-1)/K S / rate on a ring; the fastest of 5 (the one least
+    disturbed by other work on the machine) is within 20 % of it. Measured here: +7 % at 2 and 4
+    hosts."""
+    with cl.Cluster(hosts=hosts, rate="1gbit") as cluster:
+        done = cluster.run(cluster.horovodrun_args() + [sys.executable, os.path.join(ROOT, "tests", "cluster_worker.py")],
+                           capture=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if '"workers"' in line)
+    result = json.loads(line[line.index("{"):])
+    ring = 2 * (hosts - 1) / hosts * result["bytes"] * 8 / 1e9
+    assert result["workers"] == hosts
+    assert abs(min(result["seconds"]) / ring - 1) <= 0.2, (result, ring)
+
+
+@needs_cluster
+def test_failing_command_tears_everything_down():
+    with pytest.raises(subprocess.CalledProcessError):
+        with cl.Cluster(hosts=2, rate="none") as cluster:
+            tag = cluster.tag
+            assert leftovers(tag)  # it was up
+            subprocess.run(["false"], check=True)
+    assert leftovers(tag) == []
+
+
+@needs_cluster
+def test_cli_returns_the_exit_code_and_sets_the_hosts():
+    done = subprocess.run([sys.executable, "-m", "benchmarks.cluster", "run", "--hosts", "2", "--rate", "1gbit", "--",
+                           "sh", "-c", 'echo "$TFCOMP_HOSTS"; ssh 198.18.0.2 true; exit 7'],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7, done.stderr
+    assert done.stdout.split() == ["198.18.0.1:1,198.18.0.2:1"]
+
+
+@needs_cluster
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_tears_everything_down(sig):
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.cluster", "run", "--hosts", "2", "--rate", "1gbit",
+                                "--", "sh", "-c", "ssh 198.18.0.2 sleep 600"], cwd=ROOT)
+    tag = f"{cl.PREFIX}{process.pid}"
+    deadline = time.monotonic() + 60
+    while not any("sleep 600" in line for line in
+                  subprocess.run(["pgrep", "-af", "sleep"], capture_output=True, text=True).stdout.splitlines()):
+        assert time.monotonic() < deadline and process.poll() is None, "the cluster never ran the command"
+        time.sleep(0.2)
+    process.send_signal(sig)
+    assert process.wait(timeout=60) != 0
+    assert leftovers(tag) == []
+    assert "sleep 600" not in subprocess.run(["pgrep", "-af", "sleep"], capture_output=True, text=True).stdout
