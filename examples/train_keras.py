@@ -1,28 +1,36 @@
 """Data-parallel Keras training with Horovod and a tfcomp gradient compressor.
 
-Two workers on one machine, DRAGONN keeping 1 % of every large gradient:
+Two workers on one machine, DRAGONN keeping 1 % of every large gradient, on Fashion-MNIST:
 
     horovodrun -np 2 -H localhost:2 --gloo python examples/train_keras.py \\
-        --compressor=dragonn --ratio=0.01 --dataset=digits --model=mlp --epochs=20
+        --compressor=dragonn --ratio=0.01 --model=cnn --epochs=2
+
+(`make run` runs this on two emulated hosts at 1 Gbit/s each; see benchmarks/cluster.py.)
 
 Other settings: `--compressor=dgc --momentum=0.9` (DGC momentum correction: the momentum moves into
 the error feedback, so the inner optimizer becomes plain SGD), `--warmup_steps=N` (N dense steps
 first), `--planning=off` (compress tensor by tensor instead of the cost model's buckets),
-`--strategy=allgather` (force a strategy for every bucket), `--entry=tfcomp` (`tfcomp.DistributedOptimizer` instead of `hvd.DistributedOptimizer`),
-`--log_json=PATH` (rank 0 writes the metrics and compression statistics as JSON).
+`--strategy=allgather` (force a strategy for every bucket), `--entry=tfcomp`
+(`tfcomp.DistributedOptimizer` instead of `hvd.DistributedOptimizer`), `--log_json=PATH` (rank 0
+writes the metrics and compression statistics as JSON).
 
-Data: `digits` is scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package,
-no download), split into train and test sets by `--seed`; `mnist` reads TensorFlow Datasets' MNIST
-when it is already in the TFDS data directory and otherwise falls back to digits; `synthetic` is
-Gaussian inputs labelled by a fixed random linear teacher. Every worker trains on its own shard
-(every size-th example from its rank on, all shards of equal length) and evaluates on the whole
-test set.
+Data: `fashion_mnist` (the default) is tensorflow-datasets' Fashion-MNIST, built offline from
+Debian's dataset-fashion-mnist the first time (examples/fashion_mnist.py); every worker reads its
+shard of the training split through tf.data (sharded, shuffled, batched, prefetched) and evaluates
+on the test split. Where the Debian package is absent it says so in one line and falls back to
+`digits`: scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package), split into
+train and test sets by `--seed`. `synthetic` is Gaussian inputs labelled by a fixed random linear
+teacher. `--train_examples=N` trains on the first N training examples only.
+
+Models (examples/models.py): `cnn`, a ResNet-style CNN with BatchNorm and a wide dense head (3.3 M
+parameters on 28x28 images); `vit`, a small Vision Transformer (1.6 M); `mlp`.
 
 Learning rate: `--lr` is the rate for one worker's batch of `--batch_size`; the optimizer runs with
 lr * workers (linear scaling for the global batch of batch_size * workers).
 
-Rank 0 prints the per-epoch loss and accuracy (averaged over the workers), the final test accuracy
-and, when tfcomp ran the exchange, the table of `GradientExchange.describe()`.
+Rank 0 prints the per-epoch metrics, with the compression figures of
+`tfcomp.keras.CompressionMonitor` (bytes sent per step against dense, exchange time, residual norm),
+the final test accuracy and, when tfcomp ran the exchange, the table of `GradientExchange.describe()`.
 """
 
 import json
@@ -34,9 +42,10 @@ import tensorflow as tf
 from absl import app, flags
 
 import tfcomp
+from examples import fashion_mnist
+from examples.models import MODELS, build_model
 
 __all__ = [
-    "build_model",
     "build_optimizer",
     "exchange_statistics",
     "load_data",
@@ -59,8 +68,9 @@ flags.DEFINE_float("momentum", None,
                    "DGC momentum-correction factor in [0, 1); unset: plain residual error feedback.")
 flags.DEFINE_enum("entry", "horovod", ["horovod", "tfcomp"],
                   "horovod: hvd.DistributedOptimizer(compression=...); tfcomp: tfcomp.DistributedOptimizer.")
-flags.DEFINE_enum("model", "mlp", ["mlp", "cnn"], "mlp: Dense 512-256-10; cnn: two convolutions, Dense 128-10.")
-flags.DEFINE_enum("dataset", "digits", ["digits", "mnist", "synthetic"], "Training data.")
+flags.DEFINE_enum("model", "cnn", list(MODELS), "Model of examples/models.py.")
+flags.DEFINE_enum("dataset", "fashion_mnist", ["fashion_mnist", "digits", "synthetic"], "Training data.")
+flags.DEFINE_integer("train_examples", None, "Train on the first N training examples only (unset: all).")
 flags.DEFINE_integer("epochs", 20, "Training epochs.")
 flags.DEFINE_integer("batch_size", 32, "Batch size per worker.")
 flags.DEFINE_float("lr", 0.05, "Learning rate for one worker (multiplied by the number of workers).")
@@ -75,8 +85,8 @@ _OPTIMIZER_MOMENTUM = 0.9
 _TEST_FRACTION = 0.2
 _SYNTHETIC_SIZES = (4096, 1024)  # train, test
 _NUM_CLASSES = 10
-_LOGGED_FLAGS = ("compressor", "ratio", "warmup_steps", "planning", "strategy", "momentum", "entry", "model", "dataset", "epochs",
-                 "batch_size", "lr", "seed", "optimizer")
+_LOGGED_FLAGS = ("compressor", "ratio", "warmup_steps", "planning", "strategy", "momentum", "entry", "model", "dataset",
+                 "train_examples", "epochs", "batch_size", "lr", "seed", "optimizer")
 
 
 def _log(message: str) -> None:
@@ -98,21 +108,6 @@ def _load_digits(seed: int):
     return (x_train, y_train), (x_test, y_test)
 
 
-def _load_mnist():
-    """TFDS MNIST in [0, 1], shape [n, 28, 28, 1], or None (with the reason) when it is not available
-    offline."""
-    try:
-        import tensorflow_datasets as tfds
-
-        builder = tfds.builder("mnist")
-        if not builder.is_prepared():
-            return None, f"MNIST is not in the TFDS data directory {builder.data_dir}"
-        splits = tfds.as_numpy(builder.as_dataset(split=["train", "test"], as_supervised=True, batch_size=-1))
-    except Exception as error:  # noqa: BLE001 (any failure of the optional dataset means: fall back)
-        return None, f"tensorflow_datasets cannot load MNIST ({type(error).__name__}: {error})"
-    return [(x.astype(np.float32) / 255.0, y.astype(np.int32)) for x, y in splits], None
-
-
 def _synthetic(seed: int):
     """Gaussian 8x8x1 inputs labelled by the argmax of a fixed random linear map."""
     rng = np.random.default_rng(seed)
@@ -124,17 +119,24 @@ def _synthetic(seed: int):
     return sets
 
 
-def load_data(name: str, seed: int):
-    """((x_train, y_train), (x_test, y_test)) of the dataset `name`; images are [n, h, w, 1] float32."""
-    if name == "mnist":
-        data, reason = _load_mnist()
-        if data is not None:
-            return data
-        _log(f"{reason}: falling back to --dataset=digits")
-        name = "digits"
-    if name == "digits":
-        return _load_digits(seed)
-    return _synthetic(seed)
+def load_data(name: str, seed: int, batch_size: int, train_examples=None):
+    """(this worker's training tf.data.Dataset of ([batch, h, w, 1] float32, [batch] int32), its
+    examples, (x_test, y_test)) of the dataset `name`; the test images are [n, h, w, 1] float32."""
+    if name == "fashion_mnist":
+        try:
+            train = fashion_mnist.input_pipeline(hvd.rank(), hvd.size(), batch_size, seed, train_examples)
+            examples = (train_examples or fashion_mnist.SPLIT_SIZES["train"]) // hvd.size() // batch_size * batch_size
+            return train, examples, fashion_mnist.test_arrays()
+        except fashion_mnist.DatasetUnavailable as reason:
+            _log(f"{reason}: falling back to --dataset=digits")
+            name = "digits"
+    (x_train, y_train), test = _load_digits(seed) if name == "digits" else _synthetic(seed)
+    x_shard, y_shard = shard(x_train[:train_examples], y_train[:train_examples], hvd.rank(), hvd.size())
+    train = (tf.data.Dataset.from_tensor_slices((x_shard, y_shard))
+             .shuffle(len(x_shard), seed=seed + hvd.rank())
+             .batch(batch_size)
+             .prefetch(tf.data.AUTOTUNE))
+    return train, len(x_shard), test
 
 
 def shard(x: np.ndarray, y: np.ndarray, rank: int, size: int):
@@ -142,25 +144,6 @@ def shard(x: np.ndarray, y: np.ndarray, rank: int, size: int):
     (equal steps per epoch on every worker, which the collectives need)."""
     length = len(x) // size
     return x[rank::size][:length], y[rank::size][:length]
-
-
-def build_model(kind: str, input_shape) -> tf.keras.Model:
-    """A classifier with logits: mlp (Dense 512-256-10 on the flattened image) or cnn."""
-    if kind == "mlp":
-        layers = [
-            tf.keras.layers.Flatten(),
-            tf.keras.layers.Dense(512, activation="relu"),
-            tf.keras.layers.Dense(256, activation="relu"),
-        ]
-    else:
-        layers = [
-            tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-            tf.keras.layers.Conv2D(64, 3, padding="same", activation="relu"),
-            tf.keras.layers.MaxPooling2D(),
-            tf.keras.layers.Flatten(),
-            tf.keras.layers.Dense(128, activation="relu"),
-        ]
-    return tf.keras.Sequential([tf.keras.Input(input_shape), *layers, tf.keras.layers.Dense(_NUM_CLASSES)])
 
 
 def make_compression(name: str, ratio: float, warmup_steps: int, momentum, planning="auto", strategy=None):
@@ -193,8 +176,11 @@ def exchange_statistics(optimizer, model: tf.keras.Model, compression) -> dict:
     """Bytes one worker sends per step against dense, and the compressed tensors. From tfcomp's
     exchange records when tfcomp ran the exchange; for stock Horovod, its dense (or fp16) allreduce
     of every trainable variable."""
-    exchange = optimizer._allreduce_grads
-    if isinstance(exchange, tfcomp.GradientExchange):
+    try:
+        exchange = tfcomp.exchange_of(optimizer)
+    except TypeError:
+        exchange = None
+    if exchange is not None:
         dense, sent = exchange.bytes_per_step()
         compressed = exchange.compressed_tensors()
     else:
@@ -210,34 +196,30 @@ def main(argv):
     del argv
     hvd.init()
     tf.keras.utils.set_random_seed(FLAGS.seed)
-    (x_train, y_train), (x_test, y_test) = load_data(FLAGS.dataset, FLAGS.seed)
-    x_shard, y_shard = shard(x_train, y_train, hvd.rank(), hvd.size())
-    train = (tf.data.Dataset.from_tensor_slices((x_shard, y_shard))
-             .shuffle(len(x_shard), seed=FLAGS.seed + hvd.rank())
-             .batch(FLAGS.batch_size))
+    train, examples, (x_test, y_test) = load_data(FLAGS.dataset, FLAGS.seed, FLAGS.batch_size, FLAGS.train_examples)
 
     compression = make_compression(FLAGS.compressor, FLAGS.ratio, FLAGS.warmup_steps, FLAGS.momentum,
                                    FLAGS.planning, FLAGS.strategy)
     optimizer = build_optimizer(compression, FLAGS.entry, FLAGS.lr, FLAGS.optimizer, FLAGS.momentum)
-    model = build_model(FLAGS.model, x_train.shape[1:])
+    model = build_model(FLAGS.model, x_test.shape[1:])
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    _log(f"{hvd.size()} workers, {len(x_shard)} training examples each, {len(x_test)} test examples; "
+    _log(f"{hvd.size()} workers, {examples} training examples each, {len(x_test)} test examples; "
          f"compression={compression!r}, entry={FLAGS.entry}")
 
     start = time.perf_counter()
     history = model.fit(
         train, epochs=FLAGS.epochs, verbose=2 if hvd.rank() == 0 else 0,
-        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()],
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                   tfcomp.keras.CompressionMonitor()],
     )
     seconds = time.perf_counter() - start
     test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
     _log(f"test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}) after {FLAGS.epochs} epochs, {seconds:.1f} s")
 
-    exchange = optimizer._allreduce_grads
-    if isinstance(exchange, tfcomp.GradientExchange):
-        _log(exchange.describe())
-    else:
+    try:
+        _log(tfcomp.exchange_of(optimizer).describe())
+    except TypeError:
         _log(f"stock Horovod allreduce ({FLAGS.compressor}): no tfcomp exchange, no compression table")
     if FLAGS.log_json and hvd.rank() == 0:
         metrics = {
@@ -248,6 +230,7 @@ def main(argv):
             "test_loss": float(test_loss),
             "test_accuracy": float(test_accuracy),
             "train_seconds": seconds,
+            "monitor": {k: [float(x) for x in v] for k, v in history.history.items() if k.startswith("tfcomp_")},
             **exchange_statistics(optimizer, model, compression),
         }
         with open(FLAGS.log_json, "w") as f:

@@ -285,17 +285,19 @@ BAD_ENTRIES = {
 
 @pytest.mark.parametrize("content", list(BAD_FILES.values()) + list(BAD_ENTRIES.values()),
                          ids=list(BAD_FILES) + list(BAD_ENTRIES))
-def test_an_unusable_cache_is_reported_in_one_line_ignored_and_rewritten(rng, tmp_path, capsys, content):
+def test_an_unusable_cache_is_reported_in_one_line_ignored_and_rewritten(rng, tmp_path, caplog, content):
     path = tmp_path / "calibration.json"
     path.write_bytes(content.encode("utf-8", "surrogateescape") if "\x00" not in content else b"\x00\xff\xfe{")
     old = path.read_bytes()
     assert calibration._read_cache(str(path), "key", workers=2) is None
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"tfcomp: calibration cache {path}: ") and "measuring again" in err, err
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "\n" not in messages[0], messages
+    assert messages[0].startswith(f"tfcomp: calibration cache {path}: ") and "measuring again" in messages[0], messages
+    caplog.clear()
     model = random_model(rng)
     calibration._write_cache(str(path), "key", model)
     assert calibration._read_cache(str(path), "key", workers=2) == model
-    assert capsys.readouterr().err == ""
+    assert caplog.text == ""
     whole_file = content in BAD_FILES.values()
     assert os.path.exists(f"{path}.bad") == whole_file
     if whole_file:
@@ -303,26 +305,26 @@ def test_an_unusable_cache_is_reported_in_one_line_ignored_and_rewritten(rng, tm
     assert sorted(os.listdir(tmp_path)) == sorted(["calibration.json"] + (["calibration.json.bad"] if whole_file else []))
 
 
-def test_absurd_figures_are_named_in_the_report(tmp_path, capsys):
+def test_absurd_figures_are_named_in_the_report(tmp_path, caplog):
     path = tmp_path / "calibration.json"
     path.write_text(BAD_ENTRIES["1e308 latency"])
     assert calibration._read_cache(str(path), "key", workers=2) is None
     assert "entry key: ClusterModel.allgather.latency must be a finite number of seconds in [0, 3600], got 1e+308" in (
-        capsys.readouterr().err)
+        caplog.text)
     path.write_text(BAD_ENTRIES["wrong worker count"])
     assert calibration._read_cache(str(path), "key", workers=2) is None
-    assert "entry key: has figures for 3 workers, this job has 2" in capsys.readouterr().err
+    assert "entry key: has figures for 3 workers, this job has 2" in caplog.text
     path.write_text(BAD_FILES["array"])
     assert calibration._read_cache(str(path), "key", workers=2) is None
-    assert "holds a JSON array, not a cache object" in capsys.readouterr().err
+    assert "holds a JSON array, not a cache object" in caplog.text
 
 
-def test_a_missing_file_or_key_is_silent(tmp_path, capsys, rng):
+def test_a_missing_file_or_key_is_silent(tmp_path, caplog, rng):
     path = str(tmp_path / "calibration.json")
     assert calibration._read_cache(path, "key", workers=2) is None
     calibration._write_cache(path, "other", random_model(rng))
     assert calibration._read_cache(path, "key", workers=2) is None
-    assert capsys.readouterr().err == ""
+    assert caplog.text == ""
 
 
 def test_rewriting_keeps_the_other_usable_entries_and_drops_unusable_ones(tmp_path, rng):
@@ -359,12 +361,12 @@ def test_a_write_interrupted_halfway_leaves_the_old_file(tmp_path, rng, monkeypa
     assert os.listdir(tmp_path) == ["calibration.json"]
 
 
-def test_a_cache_that_cannot_be_written_is_reported_not_raised(tmp_path, rng, capsys):
+def test_a_cache_that_cannot_be_written_is_reported_not_raised(tmp_path, rng, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("")
     path = str(blocker / "calibration.json")  # a directory that is a file
     calibration._write_cache(path, "key", random_model(rng))
-    assert f"tfcomp: calibration cache {path}: could not be written" in capsys.readouterr().err
+    assert f"tfcomp: calibration cache {path}: could not be written" in caplog.text
 
 
 class _TwoWorkers:
@@ -380,7 +382,7 @@ class _TwoWorkers:
 @pytest.mark.parametrize("content", [BAD_FILES["not JSON"], BAD_FILES["array"], BAD_ENTRIES["NaN latency"],
                                      BAD_ENTRIES["wrong worker count"], BAD_ENTRIES["entry a string"]],
                          ids=["not JSON", "array", "NaN latency", "wrong worker count", "entry a string"])
-def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, monkeypatch, capsys, content):
+def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, monkeypatch, caplog, content):
     global_process_set()
     measured = random_model(rng)
     calls = []
@@ -393,6 +395,7 @@ def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, 
     key = calibration.cache_key(compressor, process_set, 2**20)
     path.write_text(content.replace('"key"', json.dumps(key)))
     assert calibration.calibrate(compressor, process_set, 2**20) == measured
-    assert len(calls) == 1 and capsys.readouterr().err.count("\n") == 1
+    assert len(calls) == 1 and len(caplog.records) == 1
+    caplog.clear()
     assert calibration.calibrate(compressor, process_set, 2**20) == measured  # from the rewritten cache
-    assert len(calls) == 1 and capsys.readouterr().err == ""
+    assert len(calls) == 1 and caplog.text == ""

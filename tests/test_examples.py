@@ -17,13 +17,14 @@ def run_example(tmp_path, *flags):
                os.path.join(REPO_ROOT, "examples", "train_keras.py"), f"--log_json={log}", *flags]
     result = subprocess.run(command, cwd=REPO_ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return result.stdout, json.loads(log.read_text())
+    # Progress and tables go to stdout, tfcomp's plan through absl logging to stderr.
+    return result.stdout + result.stderr, json.loads(log.read_text())
 
 
 @pytest.mark.parametrize("entry", ["horovod", "tfcomp"])
 def test_digits_training_with_dragonn_learns_and_reports_compression(tmp_path, entry):
     stdout, metrics = run_example(tmp_path, "--compressor=dragonn", "--ratio=0.01", "--momentum=0.9",
-                                  "--dataset=digits", "--epochs=3", f"--entry={entry}",
+                                  "--dataset=digits", "--model=mlp", "--epochs=3", f"--entry={entry}",
                                   "--strategy=allgather")
     assert metrics["workers"] == 2
     assert len(metrics["train_loss"]) == 3 and metrics["train_loss"][-1] < metrics["train_loss"][0]
@@ -33,13 +34,25 @@ def test_digits_training_with_dragonn_learns_and_reports_compression(tmp_path, e
                                                      for kind in ("bias", "kernel")]
     assert metrics["sent_fraction_of_dense"] < 0.05
     assert "Epoch 3/3" in stdout and "DRAGONN allgather" in stdout and "of dense)" in stdout
+    # CompressionMonitor's figures, measured from the payloads sent, in the logs of every epoch.
+    assert len(metrics["monitor"]["tfcomp_sent_fraction"]) == 3
+    assert 0 < metrics["monitor"]["tfcomp_sent_fraction"][-1] < 0.05 and "tfcomp_exchange_ms_per_step" in stdout
     assert stdout.count("tfcomp plan for") == 1 and "allgather" in stdout.split("tfcomp plan for")[1]
 
 
 def test_dense_run_through_stock_horovod(tmp_path):
-    stdout, metrics = run_example(tmp_path, "--compressor=none", "--dataset=synthetic", "--epochs=1")
+    stdout, metrics = run_example(tmp_path, "--compressor=none", "--dataset=synthetic", "--model=mlp", "--epochs=1")
     assert metrics["compressed_tensors"] == [] and metrics["sent_fraction_of_dense"] == 1.0
     assert "no compression table" in stdout
+
+
+def test_fashion_mnist_cnn_trains_from_tfds(tmp_path):
+    stdout, metrics = run_example(tmp_path, "--compressor=dragonn", "--ratio=0.01", "--model=cnn",
+                                  "--train_examples=8192", "--epochs=2", "--batch_size=32")
+    assert metrics["flags"]["dataset"] == "fashion_mnist" and "falling back" not in stdout
+    assert "4096 training examples each, 10000 test examples" in stdout
+    assert metrics["test_accuracy"] > 0.5  # 10 classes: chance is 0.1
+    assert len(metrics["monitor"]["tfcomp_residual_norm"]) == 2
 
 
 if __name__ == "__main__":

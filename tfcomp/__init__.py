@@ -13,10 +13,11 @@ strategies on the cost model (`tfcomp.planning`, `tfcomp.cost_model`); `python -
 asks the same model about other clusters.
 """
 
-from tfcomp import calibration, checkpointing, cost_model, ops, planning
+from tfcomp import calibration, checkpointing, cost_model, counters, ops, planning
 from tfcomp.compressors import DGC, DRAGONN, FP16, QSGD, Compressor, EFSignSGD, NoCompression, RandomK, TopK
 from tfcomp.exchange import GradientExchange, exchange_of
 from tfcomp.horovod_glue import install as _install_horovod_glue
+from tfcomp import keras
 from tfcomp.optimizer import DistributedOptimizer
 from tfcomp.version import __version__
 
@@ -38,7 +39,9 @@ __all__ = [
     "calibration",
     "checkpointing",
     "cost_model",
+    "counters",
     "exchange_of",
+    "keras",
     "ops",
     "planning",
 ]

@@ -39,13 +39,13 @@ import json
 import os
 import platform
 import reprlib
-import sys
 import time
 from typing import NamedTuple
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tfcomp.collectives import HorovodCollectives, LocalCollectives
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
@@ -408,8 +408,8 @@ def _cache_entry_model(entry, workers=None) -> ClusterModel:
 
 
 def _report_cache(path, problem: str) -> None:
-    """One line on stderr."""
-    print(" ".join(f"tfcomp: calibration cache {path}: {problem}".split()), file=sys.stderr, flush=True)
+    """One warning line (absl logging)."""
+    logging.warning("%s", " ".join(f"tfcomp: calibration cache {path}: {problem}".split()))
 
 
 def _read_cache(path, key, workers=None):
@@ -480,8 +480,8 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=()) -> 
             break
         if process_set.rank() == 0:
             again = "measuring again" if attempt + 1 < _MEASUREMENT_ATTEMPTS else "compression priced at whole probe times"
-            print(f"tfcomp: calibration: the network figures do not explain the compressed probes' times; {again}",
-                  flush=True)
+            logging.warning("tfcomp: calibration: the network figures do not explain the compressed probes' times; %s",
+                            again)
     return figures.apply(network)
 
 

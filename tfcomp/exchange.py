@@ -27,9 +27,11 @@ from dataclasses import dataclass
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
+from absl import logging
 
 from tfcomp.collectives import HorovodCollectives
 from tfcomp.compressors import FP16, Compressor
+from tfcomp.counters import ExchangeCounters
 from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph, wire_bytes
@@ -139,8 +141,10 @@ class GradientExchange(tf.Module):
         collectives = collectives or HorovodCollectives(process_set)
         self.state = ExchangeState(collectives.rank, collectives.size) if collectives.included() else ExchangeState()
         self._collectives = collectives
+        self.counters = ExchangeCounters()
         self._step_graph = StepGraph(compressor, self.state, collectives, op=op,
-                                     gradient_predivide_factor=self.gradient_predivide_factor, process_set=process_set)
+                                     gradient_predivide_factor=self.gradient_predivide_factor, process_set=process_set,
+                                     counters=self.counters)
         self._planner = Planner(compressor, process_set, {
             "op": int(op), "gradient_predivide_factor": self.gradient_predivide_factor,
             "sparse_as_dense": self.sparse_as_dense})
@@ -228,7 +232,7 @@ class GradientExchange(tf.Module):
             self._step_graph.create_state(plan, grads, keys)
         self._take_restored_state()
         if self._collectives.rank == 0 and self._collectives.size > 1 and self.compressor.planning == "auto" and tensors:
-            print(f"tfcomp: calibrated in {self.calibration_seconds:.1f} s\n{plan.table()}", flush=True)
+            logging.info("tfcomp: calibrated in %.1f s\n%s", self.calibration_seconds, plan.table())
         self._plans[cache_key] = entry = _PlanEntry(plan, keys)
         self.plan = plan
         return entry
@@ -245,13 +249,13 @@ class GradientExchange(tf.Module):
             self.state.owner.assign(list(here))
         taken = self.state.adopt_gathered(*here)
         if taken == "mean":
-            print(f"tfcomp: the checkpoint holds the error-feedback memory of {size} ranks; this job has "
-                  f"{here[1]}, so every rank goes on with their mean (the update still owed)", flush=True)
+            logging.warning("tfcomp: the checkpoint holds the error-feedback memory of %d ranks; this job has %d, so "
+                            "every rank goes on with their mean (the update still owed)", size, here[1])
         elif not taken and (rank, size) != here and self.compressor.error_feedback:
-            print(f"tfcomp: rank {here[0]} of {here[1]} restored error-feedback residuals saved by rank {rank} of "
-                  f"{size}; it goes on with them (an estimate of the update still owed), so training is not "
-                  "bit-identical to an uninterrupted run. Call tfcomp.checkpointing.gather_state(optimizer) on "
-                  "every rank right before rank 0 saves to resume exactly.", flush=True)
+            logging.warning("tfcomp: rank %d of %d restored error-feedback residuals saved by rank %d of %d; it goes "
+                            "on with them (an estimate of the update still owed), so training is not bit-identical to "
+                            "an uninterrupted run. Call tfcomp.checkpointing.gather_state(optimizer) on every rank "
+                            "right before rank 0 saves to resume exactly.", here[0], here[1], rank, size)
 
     # -- reporting ---------------------------------------------------------------------------------
 
@@ -289,7 +293,11 @@ class GradientExchange(tf.Module):
         return [r.name for r in self.records if r.strategy.startswith(type(self.compressor).__name__)]
 
     def describe(self) -> str:
-        """A table of how each gradient is exchanged and the bytes sent per step against dense."""
+        """A table, one line per gradient of the last list exchanged: its elements, how it is
+        exchanged (compressor and strategy of its bucket, allreduce, fp16 allreduce) and the bytes
+        one worker sends per step against dense, computed from the plan (a compressed bucket's
+        payload shared out by elements; "varies" for IndexedSlices), with their total. What was
+        really sent is in `counters` (and `tfcomp.keras.CompressionMonitor`)."""
         if not self.records:
             return "tfcomp: no gradients exchanged yet"
         lines = [f"{'tensor':40s} {'elements':>10s} {'strategy':>22s} {'dense B':>10s} {'sent B':>10s}"]
@@ -303,9 +311,13 @@ class GradientExchange(tf.Module):
 
 def exchange_of(distributed) -> GradientExchange:
     """The tfcomp exchange behind a distributed optimizer or tape built with a tfcomp compressor
-    (or `distributed` itself, if it is one). Its `state` holds the residuals and step counter
+    (or `distributed` itself, if it is one), also behind a Keras `LossScaleOptimizer`
+    (mixed_float16) wrapping such an optimizer. Its `state` holds the residuals and step counter
     (give it to a `tf.train.Checkpoint` of a custom loop with a tape); `describe()` tells how each
-    gradient is exchanged."""
+    gradient is exchanged; `counters` what it sent and how long it took. TypeError for anything
+    that runs no tfcomp exchange."""
+    while not isinstance(distributed, GradientExchange) and hasattr(distributed, "inner_optimizer"):
+        distributed = distributed.inner_optimizer
     exchange = distributed if isinstance(distributed, GradientExchange) else getattr(distributed, "_allreduce_grads", None)
     if not isinstance(exchange, GradientExchange):
         raise TypeError(f"{type(distributed).__name__} does not run a tfcomp exchange: build it with "

@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfcomp import ops
 from tfcomp.collectives import grouped_by_dtype
 from tfcomp.compressors import FP16
+from tfcomp.counters import tensor_bytes
 
 __all__ = ["StepGraph", "wire_bytes"]
 
@@ -82,16 +83,30 @@ class StepGraph:
       op: `hvd.Average` or `hvd.Sum`.
       gradient_predivide_factor: Horovod's, for the tensors sent dense.
       process_set: the Horovod process set of the dense allreduces.
+      counters: a `tfcomp.counters.ExchangeCounters` that every step adds its bytes sent, dense
+        bytes and time to (None: nothing counted).
     """
 
     def __init__(self, compressor, state, collectives, *, op=hvd.Average, gradient_predivide_factor: float = 1.0,
-                 process_set=hvd.global_process_set):
+                 process_set=hvd.global_process_set, counters=None):
         self.compressor = compressor
         self.state = state
         self.collectives = collectives
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.process_set = process_set
+        self.counters = counters
+
+    def _count_sent(self, nbytes) -> None:
+        """Adds `nbytes` (a number or a float64 scalar tensor) to the bytes this step sends."""
+        if self.counters is not None:
+            self.counters.add_sent(nbytes)
+
+    def _dense_wire_bytes(self, tensors) -> float:
+        """Bytes a dense allreduce of `tensors` hands to Horovod (fp16 for tfcomp.FP16's floats)."""
+        fp16 = isinstance(self.compressor, FP16)
+        return float(sum(t.shape.num_elements() * (2 if fp16 and t.dtype.is_floating else t.dtype.size)
+                         for t in tensors))
 
     def create_state(self, plan, grads, sources) -> None:
         """Creates the error-feedback memory the plan's compressed buckets need, eagerly (call it
@@ -107,6 +122,11 @@ class StepGraph:
     def __call__(self, plan, grads, sources):
         """The reduced `grads` (a list of tensors, IndexedSlices or None) under `plan`. `sources`:
         what each gradient belongs to (variables, or keys of watched tensors), for error feedback."""
+        counters = self.counters
+        if counters is not None:
+            started = counters.start([g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None])
+            with tf.control_dependencies([started]):  # the exchange starts after the clock does
+                grads = [g if g is None or isinstance(g, tf.IndexedSlices) else tf.identity(g) for g in grads]
         out = [None] * len(grads)
         sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
         compressed = plan.compressed
@@ -117,6 +137,7 @@ class StepGraph:
         prescale, postscale = self._dense_factors()
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
+                self._count_sent(tensor_bytes(g.values) + tensor_bytes(g.indices))
                 out[i] = hvd.allreduce(g, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
                                        process_set=self.process_set)
         for group in dense_groups:
@@ -127,6 +148,11 @@ class StepGraph:
                 for i, part in zip(bucket.positions, _split(total, bucket, sizes)):
                     out[i] = tf.cast(tf.reshape(part, tf.shape(grads[i])), grads[i].dtype)
         self.state.step.assign_add(1)
+        if counters is not None:
+            counters.finish(started, [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o)
+                                      for o in out if o is not None],
+                            sum(g.shape.num_elements() * g.dtype.size for g in grads
+                                if g is not None and not isinstance(g, tf.IndexedSlices)))
         return out
 
     # -- dense -------------------------------------------------------------------------------------
@@ -144,6 +170,7 @@ class StepGraph:
         tensors are ready."""
         if not tensors:
             return []
+        self._count_sent(self._dense_wire_bytes(tensors))
         prescale, postscale = self._dense_factors()
         compression = hvd.Compression.fp16 if isinstance(self.compressor, FP16) else hvd.Compression.none
         return grouped_by_dtype(hvd.grouped_allreduce, tensors, op=self.op, prescale_factor=prescale,
@@ -275,6 +302,7 @@ class StepGraph:
             if not members:
                 continue
             wires = [t for n in members for t in payloads[n].wire]
+            self._count_sent(tf.add_n([tensor_bytes(t) for t in wires]))
             if strategy == "allgather":
                 exchanged = self.collectives.allgather(wires)
             else:
@@ -305,6 +333,7 @@ class StepGraph:
             owner = tf.cast(tf.argmax(variances), tf.int32)
         else:
             owner = tf.cast(self.state.step % num_workers, tf.int32)
+        self._count_sent(tf.where(tf.equal(owner, worker), tensor_bytes(own_indices), tf.constant(0.0, tf.float64)))
         indices = tf.switch_case(owner, [
             functools.partial(self.collectives.broadcast, own_indices, root, f"tfcomp_artopk_indices_from_{root}")
             for root in range(num_workers)

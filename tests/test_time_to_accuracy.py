@@ -1,0 +1,42 @@
+"""The time-to-accuracy benchmark's summary, from made-up runs (the runs themselves need root)."""
+
+import math
+
+import pytest
+
+from benchmarks.time_to_accuracy import summarise, time_to_target
+
+
+def run(model, rate, config, seed, accuracies, seconds_per_eval, sent=1.0):
+    timeline = [[50 * (i + 1), seconds_per_eval * (i + 1), a] for i, a in enumerate(accuracies)]
+    return {"model": model, "rate": rate, "config": config, "seed": seed, "timeline": timeline,
+            "final_accuracy": accuracies[-1], "dense_bytes_per_step": 100.0, "sent_bytes_per_step": sent * 100.0,
+            "calibration_seconds": 0.0 if config == "dense" else 2.0}
+
+
+def test_time_to_target_is_the_first_evaluation_at_or_above_it(rng):
+    accuracies = sorted(rng.uniform(0.5, 0.9, 8))
+    timeline = [[i, 3.0 * i, a] for i, a in enumerate(accuracies, 1)]
+    target = accuracies[5]
+    assert time_to_target(timeline, target) == 18.0
+    assert time_to_target(timeline, accuracies[-1] + 1e-6) == math.inf
+
+
+def test_summary_speedup_and_accuracy_against_dense(rng):
+    dense_finals = rng.uniform(0.85, 0.9, 2)
+    runs = [run("cnn", "1gbit", "dense", s, [0.5, 0.8, f - 0.004, f], 10.0) for s, f in enumerate(dense_finals)]
+    runs += [run("cnn", "1gbit", "dragonn_0.01", s, [0.6, 0.9, 0.9, 0.9], 4.0, sent=0.02) for s in range(2)]
+    runs += [run("cnn", "1gbit", "topk_0.01", 0, [0.6, 0.7, 0.7, 0.7], 4.0, sent=0.03)]
+    text, rows = summarise(runs)
+    by_config = {r["config"]: r for r in rows}
+    target = dense_finals.mean() - 0.005
+    assert by_config["dense"]["target"] == pytest.approx(target)
+    # Dense reaches the target at its third evaluation when both seeds' third value clears it.
+    dense_times = [30.0 if f - 0.004 >= target else 40.0 for f in dense_finals]
+    assert by_config["dense"]["time"] == pytest.approx(sum(dense_times) / 2)
+    assert by_config["dragonn_0.01"]["time"] == 8.0
+    assert by_config["dragonn_0.01"]["speedup"] == pytest.approx(sum(dense_times) / 2 / 8.0)
+    assert by_config["dragonn_0.01"]["final_vs_dense"] == pytest.approx(0.9 - dense_finals.mean())
+    assert by_config["dragonn_0.01"]["sent_fraction"] == pytest.approx(0.02)
+    assert by_config["topk_0.01"]["time"] == math.inf and "not reached" in text
+    assert text.count("| cnn |") == 3

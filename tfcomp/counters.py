@@ -1,0 +1,63 @@
+"""What the exchange measures while it runs: bytes sent and time spent, accumulated in the graph.
+
+`ExchangeCounters` holds four scalar variables that every step of the exchange adds to (a few scalar
+ops a step): the steps, the bytes this worker put on the wire (the real sizes of the tensors handed
+to the collectives, so a threshold sparsifier's varying payload is counted as it was), the bytes a
+dense float32 allreduce of the same gradients would have sent, and the seconds from the exchange's
+start (all its gradients ready) to its end (every reduced gradient computed). `read()` gives them,
+`reset()` starts again (`tfcomp.keras.CompressionMonitor` does both once an epoch).
+
+The counters are not training state: they are kept out of checkpoints and SavedModels (the holder
+is not a trackable object), so adding them changed no checkpoint format.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+__all__ = ["ExchangeCounters", "tensor_bytes"]
+
+
+def tensor_bytes(tensor) -> tf.Tensor:
+    """float64 scalar: the bytes of `tensor` (its run-time size times its dtype's size)."""
+    return tf.cast(tf.size(tensor, out_type=tf.int64), tf.float64) * float(tensor.dtype.size)
+
+
+class ExchangeCounters:
+    """Scalar variables of one exchange: steps (int64), sent_bytes, dense_bytes, seconds (float64).
+    Create it eagerly (outside any tf.function)."""
+
+    def __init__(self):
+        with tf.init_scope():
+            self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfcomp_counted_steps")
+            self.sent_bytes = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="tfcomp_sent_bytes")
+            self.dense_bytes = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="tfcomp_dense_bytes")
+            self.seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="tfcomp_exchange_seconds")
+
+    def add_sent(self, nbytes):
+        """Adds float64 `nbytes` sent this step; returns the update op."""
+        return self.sent_bytes.assign_add(tf.cast(nbytes, tf.float64))
+
+    @staticmethod
+    def start(tensors) -> tf.Tensor:
+        """float64 scalar: the time (seconds since the epoch) once `tensors` are all computed."""
+        with tf.control_dependencies([t for t in tensors if isinstance(t, tf.Tensor)]):
+            return tf.timestamp()
+
+    def finish(self, started, outputs, dense_bytes: float):
+        """Counts one step that started at `started` and ends once `outputs` are computed; returns
+        the update op."""
+        with tf.control_dependencies([t for t in outputs if isinstance(t, tf.Tensor)]):
+            elapsed = tf.timestamp() - started
+        return tf.group(self.steps.assign_add(1), self.seconds.assign_add(elapsed),
+                        self.dense_bytes.assign_add(tf.constant(float(dense_bytes), tf.float64)))
+
+    def read(self) -> dict:
+        """{"steps": int, "sent_bytes": float, "dense_bytes": float, "seconds": float} so far."""
+        return {"steps": int(self.steps.numpy()), "sent_bytes": float(self.sent_bytes.numpy()),
+                "dense_bytes": float(self.dense_bytes.numpy()), "seconds": float(self.seconds.numpy())}
+
+    def reset(self) -> None:
+        """Sets every counter back to zero."""
+        for variable in (self.steps, self.sent_bytes, self.dense_bytes, self.seconds):
+            variable.assign(tf.zeros_like(variable))

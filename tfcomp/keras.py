@@ -1,0 +1,106 @@
+"""Keras callbacks that show what the compressed exchange does.
+
+    model.fit(..., callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                              tfcomp.keras.CompressionMonitor(log_dir="logs"),
+                              tf.keras.callbacks.CSVLogger("train.csv"),
+                              tf.keras.callbacks.TensorBoard("logs")])
+
+`CompressionMonitor` adds, at the end of every epoch, these entries to the epoch's `logs` (so the
+progress bar, and the callbacks after it in the list, such as `CSVLogger` and `TensorBoard`, show
+them), all measured over the epoch's steps on this worker:
+
+  tfcomp_sent_mb_per_step      megabytes (10^6) this worker handed to the collectives per step: the
+                               real sizes of the payloads sent (a threshold sparsifier's payload
+                               varies from step to step), the dense tensors, the indices AR-Topk's
+                               owner broadcasts;
+  tfcomp_sent_fraction         those bytes over the bytes of the same gradients sent dense;
+  tfcomp_exchange_ms_per_step  milliseconds from the exchange's start (its gradients computed) to
+                               its end (every reduced gradient computed): compression, collectives
+                               and decoding, as far as the backward pass does not hide them;
+  tfcomp_residual_norm         the global L2 norm of this worker's error-feedback residuals (with
+                               DGC's momentum correction, its accumulated velocities) at the
+                               epoch's end: what was computed and not yet sent.
+
+With a `log_dir` it also writes the exchange's plan and `describe()` table as TensorBoard text
+(`tfcomp/plan`) whenever they change. For an optimizer that runs no tfcomp exchange (stock Horovod)
+it adds only `tfcomp_dense_mb_per_step` (the trainable variables' bytes) and says once why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tfcomp.exchange import exchange_of
+
+__all__ = ["CompressionMonitor"]
+
+_MB = 1e6
+
+
+class CompressionMonitor(tf.keras.callbacks.Callback):
+    """Per-epoch figures of the tfcomp exchange in `logs` (keys in the module docstring).
+
+    Args:
+      log_dir: where to write the plan as TensorBoard text (None: not written).
+    """
+
+    def __init__(self, log_dir=None):
+        super().__init__()
+        self.log_dir = log_dir
+        self._writer = None
+        self._written_plan = None
+        self._said_no_exchange = False
+
+    def _exchange(self):
+        try:
+            return exchange_of(self.model.optimizer)
+        except TypeError:
+            return None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        exchange = self._exchange()
+        if exchange is not None:
+            exchange.counters.reset()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        exchange = self._exchange()
+        if exchange is None:
+            dense = sum(v.shape.num_elements() * v.dtype.size for v in self.model.trainable_variables)
+            logs["tfcomp_dense_mb_per_step"] = dense / _MB
+            if not self._said_no_exchange:
+                logging.info("tfcomp.keras.CompressionMonitor: %s runs no tfcomp exchange (build it with "
+                             "compression=<a tfcomp compressor>); only the dense size is reported",
+                             type(self.model.optimizer).__name__)
+                self._said_no_exchange = True
+            return
+        counted = exchange.counters.read()
+        if counted["steps"]:
+            logs["tfcomp_sent_mb_per_step"] = counted["sent_bytes"] / counted["steps"] / _MB
+            logs["tfcomp_sent_fraction"] = counted["sent_bytes"] / max(counted["dense_bytes"], 1.0)
+            logs["tfcomp_exchange_ms_per_step"] = 1e3 * counted["seconds"] / counted["steps"]
+        residuals = [v.numpy() for v in exchange.memory.residuals]
+        logs["tfcomp_residual_norm"] = float(np.sqrt(sum(np.sum(np.square(r, dtype=np.float64)) for r in residuals)))
+        self._write_plan(exchange, epoch)
+
+    def _write_plan(self, exchange, epoch: int) -> None:
+        if self.log_dir is None or exchange.plan is None:
+            return
+        text = f"{exchange.plan.table()}\n\n{exchange.describe()}"
+        if text == self._written_plan:
+            return
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(str(self.log_dir))
+        with self._writer.as_default():
+            # Markdown in TensorBoard: indent by four spaces to keep the tables' columns.
+            tf.summary.text("tfcomp/plan", "\n".join("    " + line for line in text.splitlines()), step=epoch)
+        self._writer.flush()
+        self._written_plan = text
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
