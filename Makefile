@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup ops test bazel-test cuda-check asan-test bench validate run clean
+.PHONY: setup ops test bazel-test cuda-check asan-test bench validate time-to-accuracy run install-check clean
 
 setup:            ## Debian packages, .venv with the pinned stack, Horovod with Gloo, the op library
 	scripts/setup.sh
@@ -27,13 +27,18 @@ asan-test: setup  ## the op library built with AddressSanitizer, run against the
 bench: setup      ## kernel benchmark; writes benchmarks/results/kernel_benchmark.md
 	$(PY) -m benchmarks.kernel_benchmark --markdown_out=benchmarks/results/kernel_benchmark.md
 
-validate: setup   ## the cost model against 2-worker training on tc-shaped loopback (root); writes benchmarks/results/network_validation.md
+validate: setup   ## the cost model against 2-worker training on 2 emulated hosts (root); writes benchmarks/results/network_validation.md
 	$(PY) -m benchmarks.network_validation --markdown_out=benchmarks/results/network_validation.md \
 	    --json_out=benchmarks/results/network_validation.json
 
-run: setup        ## the main job: 2 Horovod workers train an MLP on digits with DRAGONN (1 %), print the compression table
-	horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/train_keras.py --compressor=dragonn --ratio=0.01 \
-	    --momentum=0.9 --strategy=allgather --dataset=digits --model=mlp --epochs=20
+time-to-accuracy: setup ## Fashion-MNIST time to accuracy on 4 emulated hosts (root; about 50 min a seed); writes benchmarks/results/time_to_accuracy.*
+	$(PY) -m benchmarks.time_to_accuracy --seeds=2
+
+run: setup        ## the main job: 2 workers on 2 emulated 1 Gbit/s hosts train a CNN on Fashion-MNIST with tfcomp's default plan
+	PYTHON=$(PY) scripts/run_main_job.sh
+
+install-check:    ## pip install . into a fresh venv and use tfcomp from outside the checkout (about 5 min; not in CI)
+	PYTHON=$${PYTHON:-python3.11} scripts/install_check.sh
 
 clean:
 	bazel clean

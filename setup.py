@@ -3,12 +3,21 @@
 Needs Debian's bazel-bootstrap on PATH (scripts/setup.sh installs it). The op library is compiled
 against the TensorFlow in the build environment (pinned in pyproject.toml) and records that version;
 tfcomp refuses to load it under another TensorFlow.
+
+The build leaves nothing in the source tree and no Bazel server behind: Bazel runs in batch mode
+with an output root in a temporary directory and no convenience links (--symlink_prefix=/), and
+setuptools' build and egg-info directories are temporary too.
+
+Horovod is a dependency (`import tfcomp` imports it), but it must be built against the installed
+TensorFlow, so install it first (README, "Installing tfcomp as a library"); pip then finds it there.
 """
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import tempfile
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
@@ -18,16 +27,38 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = "_tfcomp_ops.so"
 
 
+SCRATCH = os.path.join(tempfile.gettempdir(), f"tfcomp-setup-{os.getuid()}")
+os.makedirs(SCRATCH, exist_ok=True)
+
+
+def _remove_tree(path):
+    """Removes `path`, also Bazel's read-only files."""
+    def make_writable_and_retry(function, name, _):
+        os.chmod(os.path.dirname(name), stat.S_IRWXU)
+        os.chmod(name, stat.S_IRWXU)
+        function(name)
+
+    shutil.rmtree(path, onerror=make_writable_and_retry)
+
+
 class BuildPyWithOps(build_py):
-    """Runs scripts/build_ops.sh with this interpreter and copies the library into the package."""
+    """Builds the op library with Bazel for this interpreter's TensorFlow, in a temporary output
+    root (batch mode: no server stays), and copies it into the package."""
 
     def run(self):
-        env = dict(os.environ, PYTHON_BIN_PATH=sys.executable)
-        subprocess.check_call([os.path.join(HERE, "scripts", "build_ops.sh")], cwd=HERE, env=env)
-        super().run()
-        target = os.path.join(self.build_lib, "tfcomp")
-        os.makedirs(target, exist_ok=True)
-        shutil.copy2(os.path.join(HERE, "bazel-bin", "ops", LIBRARY), os.path.join(target, LIBRARY))
+        bazel = os.path.join(HERE, "scripts", "bazel.sh")
+        output_root = tempfile.mkdtemp(prefix="tfcomp-bazel-")
+        env = dict(os.environ, PYTHON_BIN_PATH=sys.executable,
+                   TFCOMP_BAZEL_STARTUP=f"--batch --output_user_root={output_root}")
+        try:
+            subprocess.check_call([bazel, "build", "--symlink_prefix=/", "//ops:_tfcomp_ops.so"], cwd=HERE, env=env)
+            bazel_bin = subprocess.check_output([bazel, "info", "bazel-bin"], cwd=HERE, env=env, text=True).strip()
+            super().run()
+            target = os.path.join(self.build_lib, "tfcomp")
+            os.makedirs(target, exist_ok=True)
+            shutil.copy2(os.path.join(bazel_bin, "ops", LIBRARY), os.path.join(target, LIBRARY))
+        finally:
+            _remove_tree(output_root)
 
 
 class BinaryDistribution(Distribution):
@@ -52,9 +83,10 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["tfcomp", "tfcomp.*"]),
     python_requires=">=3.9,<3.12",
-    install_requires=["tensorflow-cpu==2.15.1", "numpy<2", "absl-py"],
-    extras_require={"horovod": ["horovod==0.28.1"]},
+    install_requires=["tensorflow-cpu==2.15.1", "horovod==0.28.1", "numpy<2", "absl-py"],
     cmdclass={"build_py": BuildPyWithOps},
     distclass=BinaryDistribution,
+    # Build and egg-info directories out of the source tree.
+    options={"build": {"build_base": os.path.join(SCRATCH, "build")}, "egg_info": {"egg_base": SCRATCH}},
     zip_safe=False,
 )

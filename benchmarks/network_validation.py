@@ -1,17 +1,17 @@
 """Validation of the cost model: measured against predicted time per training step on emulated networks.
 
-For each network setting it creates a network namespace, shapes its loopback with a token-bucket
-filter (`tc qdisc add dev lo root tbf rate R burst 256kb latency 100ms`, DESIGN.md section 5;
-"unshaped" leaves it alone), runs `benchmarks/network_worker.py` there under
-`horovodrun -np 2 -H localhost:2 --gloo`, and deletes the namespace. The worker calibrates tfcomp
-on that network, interleaves the configurations round by round, and reports measured and
-predicted times per step (see its docstring). Calibration is not cached across settings
-(TFCOMP_CALIBRATION_CACHE=none): each setting is a different network.
+It brings up an emulated cluster of 2 hosts (benchmarks/cluster.py: one network namespace per
+host, each with its own full-duplex link), and for each network setting shapes every link to that
+rate (`tc ... tbf`; "unshaped" leaves them alone) and runs `benchmarks/network_worker.py` under
+`horovodrun -np 2 -H <hosts> --gloo --network-interface eth0`, one worker per host. The worker
+calibrates tfcomp on that network, interleaves the configurations round by round, and reports
+measured and predicted times per step (see its docstring). Calibration is not cached across
+settings (TFCOMP_CALIBRATION_CACHE=none): each setting is a different network.
 
-Both workers share the one loopback device, so the tbf rate is the sum of what they send: with two
-workers the per-worker bandwidth that calibration measures is about half the rate.
+(Until 2026-11-23 both workers shared one shaped loopback, so the rate was split between them; the
+results recorded before then are of that set-up.)
 
-Needs root (ip netns, tc). Run from the repository root:
+Needs root. Run from the repository root:
 
   python -m benchmarks.network_validation [--settings=unshaped,500mbit,1gbit,2gbit,5gbit]
       [--rounds=11] [--steps=6] [--markdown_out=benchmarks/results/network_validation.md]
@@ -22,17 +22,18 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 
 from absl import app, flags
 
+from benchmarks.cluster import Cluster, cluster_unavailable_reason
+
 __all__ = ["summarise"]
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"],
-                  "Loopback rates for tc tbf (e.g. 1gbit), or 'unshaped'.")
+                  "Link rates of the hosts (e.g. 1gbit), or 'unshaped'.")
 flags.DEFINE_integer("rounds", 11, "Interleaved rounds per setting (the median is reported).")
 flags.DEFINE_integer("steps", 6, "Training steps per configuration per round.")
 flags.DEFINE_list("models", ["giant", "many_small"], "Models to train (see benchmarks/network_worker.py).")
@@ -41,12 +42,7 @@ flags.DEFINE_list("configs", None, "Only these configurations (default: all; 'co
 flags.DEFINE_string("markdown_out", None, "Write the tables to this markdown file.")
 flags.DEFINE_string("json_out", None, "Write every setting's raw results to this JSON file.")
 
-NAMESPACE = "tfcomp_validation"
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _ip(*args, check=True):
-    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
 
 
 def _cpu_times() -> tuple:
@@ -56,39 +52,32 @@ def _cpu_times() -> tuple:
     return fields[7], sum(fields[:8])  # user nice system idle iowait irq softirq steal
 
 
-def run_setting(setting: str) -> dict:
-    """One horovodrun inside a fresh namespace shaped to `setting`; returns the worker's JSON, with
-    `cpu_steal`: the share of this machine's CPU time the host took for others during the run."""
-    _ip("netns", "delete", NAMESPACE, check=False)
-    _ip("netns", "add", NAMESPACE)
-    try:
-        _ip("-n", NAMESPACE, "link", "set", "lo", "up")
-        if setting != "unshaped":
-            subprocess.run(["ip", "netns", "exec", NAMESPACE, "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
-                            "rate", setting, "burst", "256kb", "latency", "100ms"], check=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "result.json")
-            env = dict(os.environ, TFCOMP_CALIBRATION_CACHE="none", TF_CPP_MIN_LOG_LEVEL="3",
-                       PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
-            command = ["ip", "netns", "exec", NAMESPACE, "horovodrun", "-np", "2", "-H", "localhost:2", "--gloo",
-                       sys.executable, "-m", "benchmarks.network_worker", "--out", out,
-                       f"--rounds={FLAGS.rounds}", f"--steps={FLAGS.steps}", f"--models={','.join(FLAGS.models)}"]
-            if FLAGS.configs:
-                command.append(f"--configs={','.join(FLAGS.configs)}")
-            steal_before, total_before = _cpu_times()
-            result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800)
-            steal_after, total_after = _cpu_times()
-            if result.returncode != 0:
-                log = os.path.join(tempfile.gettempdir(), f"tfcomp_validation_{setting}.log")
-                with open(log, "w") as f:
-                    f.write(result.stdout + "\n" + result.stderr)
-                raise RuntimeError(f"{setting}: horovodrun failed (whole output in {log})\n{result.stderr[-3000:]}")
-            with open(out) as f:
-                data = json.load(f)
-            data["cpu_steal"] = (steal_after - steal_before) / max(total_after - total_before, 1)
-            return data
-    finally:
-        _ip("netns", "delete", NAMESPACE, check=False)
+def run_setting(cluster: Cluster, setting: str) -> dict:
+    """One horovodrun on the cluster's hosts, their links shaped to `setting`; returns the worker's
+    JSON, with `cpu_steal`: the share of this machine's CPU time the host took for others during
+    the run."""
+    cluster.set_rate(None if setting == "unshaped" else setting)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        env = {"TFCOMP_CALIBRATION_CACHE": "none", "TF_CPP_MIN_LOG_LEVEL": "3",
+               "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}
+        command = cluster.horovodrun_args() + [
+            sys.executable, "-m", "benchmarks.network_worker", "--out", out,
+            f"--rounds={FLAGS.rounds}", f"--steps={FLAGS.steps}", f"--models={','.join(FLAGS.models)}"]
+        if FLAGS.configs:
+            command.append(f"--configs={','.join(FLAGS.configs)}")
+        steal_before, total_before = _cpu_times()
+        result = cluster.run(command, env=env, capture=True, timeout=1800)
+        steal_after, total_after = _cpu_times()
+        if result.returncode != 0:
+            log = os.path.join(tempfile.gettempdir(), f"tfcomp_validation_{setting}.log")
+            with open(log, "w") as f:
+                f.write(result.stdout + "\n" + result.stderr)
+            raise RuntimeError(f"{setting}: horovodrun failed (whole output in {log})\n{result.stderr[-3000:]}")
+        with open(out) as f:
+            data = json.load(f)
+        data["cpu_steal"] = (steal_after - steal_before) / max(total_after - total_before, 1)
+        return data
 
 
 COMPUTE_LABELS = {"compute": "compute only", "compute_synced": "compute + one-float allreduce"}
@@ -145,15 +134,17 @@ def summarise(by_setting: dict) -> tuple:
 
 def main(argv):
     del argv
-    if os.geteuid() != 0:
-        raise app.UsageError("network namespaces and tc need root")
+    reason = cluster_unavailable_reason()
+    if reason:
+        raise app.UsageError(reason)
     by_setting = {}
-    for setting in FLAGS.settings:
-        print(f"{setting} ...", flush=True)
-        by_setting[setting] = run_setting(setting)
+    with Cluster(hosts=2) as cluster:
+        for setting in FLAGS.settings:
+            print(f"{setting} ...", flush=True)
+            by_setting[setting] = run_setting(cluster, setting)
     text, _ = summarise(by_setting)
     header = (f"Network validation, {datetime.date.today()}, {platform.node()} ({os.cpu_count()} vCPUs), "
-              f"2 workers, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps (many_small: 3x the rounds, "
+              f"2 workers on 2 emulated hosts, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps (many_small: 3x the rounds, "
               f"4x the steps), medians. Command: "
               f"`python -m benchmarks.network_validation --settings={','.join(FLAGS.settings)} "
               f"--models={','.join(FLAGS.models)} --rounds={FLAGS.rounds} --steps={FLAGS.steps}"

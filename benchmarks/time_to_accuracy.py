@@ -28,7 +28,6 @@ wall-clock, one colour per configuration, one line per seed) into --out_dir.
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time

@@ -66,7 +66,7 @@ def prepare(data_dir=None) -> str:
 
     builder = tfds.builder(NAME, data_dir=data_dir)
     if builder.is_prepared():
-        return builder.data_dir_root
+        return str(builder.data_dir_root)
     missing = [f for f in DEBIAN_FILES.values() if not os.path.exists(os.path.join(DEBIAN_DIR, f))]
     if missing:
         raise DatasetUnavailable(f"Fashion-MNIST is not prepared in {builder.data_dir_root} and Debian's "
@@ -80,7 +80,7 @@ def prepare(data_dir=None) -> str:
                 _builder_from_debian(builder.data_dir_root).download_and_prepare()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    return builder.data_dir_root
+    return str(builder.data_dir_root)
 
 
 def _scale(image, label):

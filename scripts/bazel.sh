@@ -3,6 +3,7 @@
 #   scripts/bazel.sh build //ops:_tfcomp_ops.so      scripts/bazel.sh test //...
 # Passing the interpreter and its TensorFlow version as --repo_env makes the tf_configure repository
 # re-run when either changes, and keeps every invocation on the same configuration (no rebuilds).
+# TFCOMP_BAZEL_STARTUP: Bazel startup options (setup.py: --batch and an output root of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON_BIN=${PYTHON_BIN_PATH:-$(command -v python3)}
@@ -12,4 +13,5 @@ TF_VERSION=$("$PYTHON_BIN" -c "import tensorflow as tf; print(tf.__version__)" 2
 }
 command=$1
 shift
-exec bazel "$command" --repo_env=PYTHON_BIN_PATH="$PYTHON_BIN" --repo_env=TFCOMP_TF_VERSION="$TF_VERSION" "$@"
+# shellcheck disable=SC2086 # startup options are words
+exec bazel ${TFCOMP_BAZEL_STARTUP:-} "$command" --repo_env=PYTHON_BIN_PATH="$PYTHON_BIN" --repo_env=TFCOMP_TF_VERSION="$TF_VERSION" "$@"
