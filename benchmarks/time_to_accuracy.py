@@ -106,7 +106,7 @@ def summarise(runs: list) -> tuple:
         ("link", 9, lambda r: RATE_NAMES[r["rate"]]),
         ("configuration", 14, lambda r: r["config"]),
         ("time to target s (seeds)", 24, lambda r: f"{seconds(r['time'])} ({', '.join(seconds(t) for t in r['times'])})"),
-        ("speed-up vs dense", 8, lambda r: f"{r['speedup']:.2f}x"),
+        ("speed-up vs dense", 8, lambda r: "—" if r["time"] == float("inf") else f"{r['speedup']:.2f}x"),
         ("final accuracy % (seeds)", 24, lambda r: f"{100 * r['final']:.2f} ({', '.join(f'{100 * f:.2f}' for f in r['finals'])})"),
         ("vs dense, points", 8, lambda r: f"{100 * r['final_vs_dense']:+.2f}"),
         ("training s", 8, lambda r: f"{r['train_seconds']:.1f}"),

@@ -4,7 +4,8 @@
 # 1 Gbit/s link each (benchmarks/cluster.py) where this machine can make them, else on localhost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=$(readlink -f "${PYTHON:-.venv/bin/python}")
+PY=${PYTHON:-.venv/bin/python}
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"  # absolute, not resolved: the venv's python
 export PATH="$(dirname "$PY"):$PATH"
 TRAIN=("$PY" examples/train_keras.py --compressor=dragonn --ratio=0.01 --momentum=0.9
        --dataset=fashion_mnist --model=cnn --epochs=2 "$@")
