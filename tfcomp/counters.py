@@ -2,7 +2,7 @@
 
 `ExchangeCounters` holds four scalar variables that every step of the exchange adds to (a few scalar
 ops a step): the steps, the bytes this worker put on the wire (the real sizes of the tensors handed
-to the collectives, so a threshold sparsifier's varying payload is counted as it was), the bytes a
+to the collectives, counted as they were sent, not as the plan computes them), the bytes a
 dense float32 allreduce of the same gradients would have sent, and the seconds from the exchange's
 start (all its gradients ready) to its end (every reduced gradient computed). `read()` gives them,
 `reset()` starts again (`tfcomp.keras.CompressionMonitor` does both once an epoch).

@@ -10,9 +10,9 @@ progress bar, and the callbacks after it in the list, such as `CSVLogger` and `T
 them), all measured over the epoch's steps on this worker:
 
   tfcomp_sent_mb_per_step      megabytes (10^6) this worker handed to the collectives per step: the
-                               real sizes of the payloads sent (a threshold sparsifier's payload
-                               varies from step to step), the dense tensors, the indices AR-Topk's
-                               owner broadcasts;
+                               run-time sizes of the payloads sent (IndexedSlices' vary from
+                               step to step), the dense tensors, the indices AR-Topk's owner
+                               broadcasts;
   tfcomp_sent_fraction         those bytes over the bytes of the same gradients sent dense;
   tfcomp_exchange_ms_per_step  milliseconds from the exchange's start (its gradients computed) to
                                its end (every reduced gradient computed): compression, collectives

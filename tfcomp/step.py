@@ -124,9 +124,8 @@ class StepGraph:
         what each gradient belongs to (variables, or keys of watched tensors), for error feedback."""
         counters = self.counters
         if counters is not None:
+            # Only the clock waits for the last gradient; the buckets start as soon as theirs are ready.
             started = counters.start([g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None])
-            with tf.control_dependencies([started]):  # the exchange starts after the clock does
-                grads = [g if g is None or isinstance(g, tf.IndexedSlices) else tf.identity(g) for g in grads]
         out = [None] * len(grads)
         sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
         compressed = plan.compressed
