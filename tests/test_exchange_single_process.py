@@ -155,11 +155,13 @@ def test_error_feedback_conserves_mass(rng, name):
 @pytest.mark.parametrize("name", ["DGC", "DRAGONN", "TopK", "RandomK"])
 def test_momentum_correction(rng, name):
     """DGC momentum correction: u <- 0.9 u + g; v <- v + u; send part of v; v and u are zeroed where
-    something was sent: sent + v_new == v_old + u_new, u_stored == u_new where nothing was sent."""
+    something was sent: sent + v_new == v_old + u_new, u_stored == u_new where nothing was sent.
+    Tensors the plan sends dense (too small to compress) get the momentum too: they send u_new and
+    keep it (momentum SGD), so momentum correction never drops the momentum of what goes dense."""
     factor = 0.9
     exchange = tfcomp.GradientExchange(COMPRESSORS[name](momentum=factor))
     problem = Problem(rng)
-    u_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    u_old = {n: np.zeros(SHAPES[n], np.float32) for n in SHAPES}
     v_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
     for _ in range(4):
         grads, slices = problem.grads()
@@ -175,8 +177,12 @@ def test_momentum_correction(rng, name):
             np.testing.assert_allclose(u_stored[~sent], u_new[~sent], rtol=1e-6, atol=1e-6)
             u_old[n], v_old[n] = u_stored, v_new
         for n in DENSE:
-            assert_same_bits(reduced[n], grads[n])
-        assert_slices_pass_through(reduced_slices, slices)
+            u_new = np.float32(factor) * u_old[n] + grads[n]
+            np.testing.assert_allclose(reduced[n], u_new, rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(residual(exchange, problem.vars[n]), 0.0)
+            np.testing.assert_allclose(momentum(exchange, problem.vars[n]), u_new, rtol=1e-6, atol=1e-6)
+            u_old[n] = u_new
+        assert_slices_pass_through(reduced_slices, slices)  # IndexedSlices: no momentum
 
 
 # -- (b) dense compressors -------------------------------------------------------------------------
@@ -320,7 +326,7 @@ def test_warmup_sends_dense_then_compresses(rng, name):
             exchange.memory.momentum(var, size_of(n)).assign(random_gradient(rng, (size_of(n),), np.float32))
     for step in range(2):
         grads, slices = problem.grads()
-        momenta = {n: momentum(exchange, problem.vars[n]) for n in COMPRESSED} if with_momentum else None
+        momenta = {n: momentum(exchange, problem.vars[n]) for n in SHAPES} if with_momentum else None
         reduced, reduced_slices = problem.call(exchange, grads, slices)
         for n in COMPRESSED:
             expected = grads[n] + leftover[n]
@@ -329,19 +335,26 @@ def test_warmup_sends_dense_then_compresses(rng, name):
             np.testing.assert_allclose(reduced[n], expected, rtol=1e-6, atol=1e-6)
             leftover[n] = np.zeros(SHAPES[n], np.float32)
             np.testing.assert_array_equal(residual(exchange, problem.vars[n]), 0.0)
-            if with_momentum:
-                np.testing.assert_array_equal(momentum(exchange, problem.vars[n]), 0.0)
+            if with_momentum:  # sent dense: the momentum is kept (momentum SGD), not masked
+                np.testing.assert_allclose(momentum(exchange, problem.vars[n]), np.float32(0.9) * momenta[n] + grads[n],
+                                           rtol=1e-6, atol=1e-6)
         for n in DENSE:
-            assert_same_bits(reduced[n], grads[n])
+            if with_momentum:
+                np.testing.assert_allclose(reduced[n], np.float32(0.9) * momenta[n] + grads[n], rtol=1e-6, atol=1e-6)
+            else:
+                assert_same_bits(reduced[n], grads[n])
         assert_slices_pass_through(reduced_slices, slices)
         assert int(exchange.step.numpy()) == step + 1
     grads, slices = problem.grads()
+    momenta = {n: momentum(exchange, problem.vars[n]) for n in COMPRESSED} if with_momentum else None
     reduced, _ = problem.call(exchange, grads, slices)
     for n in COMPRESSED:
         new = residual(exchange, problem.vars[n])
-        assert_mass_conserved(name if name in SPARSIFIERS else "", reduced[n], new, grads[n])
+        # The residual is empty after warm-up; the momentum carries on.
+        accumulated = np.float32(0.9) * momenta[n] + grads[n] if with_momentum else grads[n]
+        assert_mass_conserved(name if name in SPARSIFIERS else "", reduced[n], new, accumulated)
         assert np.count_nonzero(new) > 0
-        assert_looks_compressed(compressor, reduced[n], grads[n])
+        assert_looks_compressed(compressor, reduced[n], accumulated)
 
 
 # -- (f) non-finite gradients ----------------------------------------------------------------------
@@ -594,6 +607,32 @@ def test_checkpoint_of_a_keras_optimizer_carries_the_exchange(rng, tmp_path):
     assert any(n.startswith("optimizer/") and "/step/" in n for n in names), names
     assert any(n.startswith("optimizer/") and "/memory/residuals/0/" in n for n in names), names
 
+
+@pytest.mark.parametrize("warmup_steps", [0, 3])
+def test_momentum_correction_with_everything_dense_trains_as_momentum_sgd(rng, warmup_steps):
+    """A plan that sends everything dense (here every tensor is below min_elements; the cost model
+    does the same on a fast network) under DGC momentum correction with plain SGD inside trains
+    exactly as Keras's SGD with that momentum: the momentum moved into the exchange must not be lost."""
+    import horovod.tensorflow.keras as hvd_keras
+
+    x = rng.standard_normal((64, 12)).astype(np.float32)
+    y = rng.standard_normal((64, 3)).astype(np.float32)
+
+    def trained(optimizer):
+        tf.keras.utils.set_random_seed(5)
+        model = tf.keras.Sequential([tf.keras.Input((12,)), tf.keras.layers.Dense(16, activation="tanh"),
+                                     tf.keras.layers.Dense(3)])
+        model.compile(optimizer, "mse")
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights()
+
+    compressor = tfcomp.DGC(0.01, momentum=0.9, warmup_steps=warmup_steps, planning="off", min_elements=10**6)
+    with_exchange = trained(hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=compressor))
+    plain = trained(tf.keras.optimizers.SGD(0.05, momentum=0.9))
+    without_momentum = trained(tf.keras.optimizers.SGD(0.05))
+    for a, b in zip(with_exchange, plain):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(with_exchange, without_momentum)) > 1e-3
 
 
 @pytest.mark.parametrize("dtype", [tf.float64, tf.int32, tf.int64])

@@ -15,7 +15,11 @@ returns the reduced gradients. It never changes the plan and creates no variable
   * `tf.IndexedSlices`: Horovod's sparse allreduce (allgather).
 
 The first `compressor.warmup_steps` communicating steps send the compressed buckets dense (with
-their residuals, which are then cleared). Residuals are updated only when every reduced gradient is
+their residuals, which are then cleared). Under DGC momentum correction the momentum lives in the
+exchange, so every float gradient the plan sends dense (its dense buckets, and warm-up steps) is
+sent as its momentum u = m u + g (plus any residual) and keeps u: factor masking clears the
+momentum only where a sparsifier sent elements, and a dense plan trains as momentum SGD does.
+(Gradients outside the plan, `tf.IndexedSlices` and tensors of unknown shape, get no momentum.) Residuals are updated only when every reduced gradient is
 finite, so a step that a loss-scale optimizer skips leaves them untouched.
 """
 
@@ -114,7 +118,7 @@ class StepGraph:
         if not self.compressor.error_feedback:
             return
         with tf.init_scope():
-            for bucket in plan.compressed:
+            for bucket in plan.compressed + self._momentum_dense_buckets(plan):
                 for i in bucket.positions:
                     self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
                                                with_momentum=self.compressor.momentum is not None)
@@ -130,7 +134,8 @@ class StepGraph:
         sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
         compressed = plan.compressed
         planned = {p for b in plan.buckets for p in b.positions}
-        dense_groups = [b.positions for b in plan.buckets if b.strategy == "dense"]
+        momentum_dense = self._momentum_dense_buckets(plan)
+        dense_groups = [b.positions for b in plan.buckets if b.strategy == "dense" and b not in momentum_dense]
         dense_groups.append([i for i, g in enumerate(grads)
                              if g is not None and i not in planned and not isinstance(g, tf.IndexedSlices)])
         prescale, postscale = self._dense_factors()
@@ -142,10 +147,10 @@ class StepGraph:
         for group in dense_groups:
             for i, r in zip(group, self._allreduce_dense([grads[i] for i in group])):
                 out[i] = r
-        if compressed:
-            for bucket, total in zip(compressed, self._compressed_buckets(compressed, grads, sources, sizes, out)):
-                for i, part in zip(bucket.positions, _split(total, bucket, sizes)):
-                    out[i] = tf.cast(tf.reshape(part, tf.shape(grads[i])), grads[i].dtype)
+        if compressed or momentum_dense:
+            self._place(compressed + momentum_dense,
+                        self._buckets_with_memory(compressed, momentum_dense, grads, sources, sizes, out),
+                        grads, sizes, out)
         self.state.step.assign_add(1)
         if counters is not None:
             counters.finish(started, [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o)
@@ -154,7 +159,20 @@ class StepGraph:
                                 if g is not None and not isinstance(g, tf.IndexedSlices)))
         return out
 
+    @staticmethod
+    def _place(buckets, totals, grads, sizes, out) -> None:
+        """Puts each bucket's reduced flat float32 total into `out`, split and shaped as `grads`."""
+        for bucket, total in zip(buckets, totals):
+            for i, part in zip(bucket.positions, _split(total, bucket, sizes)):
+                out[i] = tf.cast(tf.reshape(part, tf.shape(grads[i])), grads[i].dtype)
+
     # -- dense -------------------------------------------------------------------------------------
+
+    def _momentum_dense_buckets(self, plan) -> tuple:
+        """The plan's dense buckets that carry DGC momentum (all of them under momentum correction)."""
+        if self.compressor.momentum is None or not self.compressor.error_feedback:
+            return ()
+        return tuple(b for b in plan.buckets if b.strategy == "dense")
 
     def _dense_factors(self):
         if self.op == hvd.Average:
@@ -177,21 +195,27 @@ class StepGraph:
 
     # -- compressed --------------------------------------------------------------------------------
 
-    def _compressed_buckets(self, buckets, grads, sources, sizes, dense_results):
-        """The reduced flat float32 tensor of each compressed bucket, with the memory updated."""
+    def _buckets_with_memory(self, compressed, momentum_dense, grads, sources, sizes, dense_results):
+        """The reduced flat float32 tensor of each compressed bucket, then of each dense bucket that
+        carries DGC momentum, with their memory updated (all of it, or none where any reduced
+        gradient is not finite)."""
         compressor = self.compressor
+        buckets = compressed + momentum_dense
         accumulated = [self._accumulate_bucket(b, grads, sources) for b in buckets]
+        sparse, dense = accumulated[:len(compressed)], accumulated[len(compressed):]
 
-        def compressed():
-            return self._with_memory_update(buckets, sources, sizes, *self._send_compressed(accumulated, buckets),
+        def send_compressed():
+            reduced, updates = self._send_compressed(sparse, compressed) if compressed else ([], [])
+            reduced_dense, updates_dense = self._send_dense(dense) if dense else ([], [])
+            return self._with_memory_update(buckets, sources, sizes, reduced + reduced_dense, updates + updates_dense,
                                             dense_results)
 
-        if compressor.warmup_steps > 0:
-            def dense():
+        if compressor.warmup_steps > 0 and compressed:
+            def send_dense():
                 return self._with_memory_update(buckets, sources, sizes, *self._send_dense(accumulated), dense_results)
 
-            return tf.cond(self.state.step < compressor.warmup_steps, dense, compressed)
-        return compressed()
+            return tf.cond(self.state.step < compressor.warmup_steps, send_dense, send_compressed)
+        return send_compressed()
 
     def _with_memory_update(self, buckets, sources, sizes, reduced, updates, dense_results):
         """`reduced`, once the buckets' memory is updated: unless some reduced gradient (of the
@@ -341,9 +365,11 @@ class StepGraph:
         return _Payload((values,), indices, (values, indices) if self.compressor.error_feedback else None)
 
     def _send_dense(self, accumulated):
-        """Warm-up: gradient plus residual sent dense; the memory is then empty."""
+        """Warm-up steps and dense buckets under momentum correction: gradient (or its momentum u)
+        plus residual sent dense; the residual is then empty, and the momentum stays u (nothing
+        masked: a dense send is momentum SGD)."""
         reduced = list(self._allreduce_dense([acc for acc, _ in accumulated]))
         updates = []
         if self.compressor.error_feedback:
-            updates = [_MemoryUpdate(None, None, None) for _ in accumulated]
+            updates = [_MemoryUpdate(None, momentum, None) for _, momentum in accumulated]
         return reduced, updates
