@@ -125,7 +125,8 @@ def probe_times(rng, seconds_of_size, merged=MERGED_FALLBACK, merged_extra=0.0, 
     (each `seconds_of_size` of its elements, +-2 %), with the merge probe of tensors `merged`
     taking `merged_extra` seconds more than one tensor of their total."""
     sizes = sorted({2**12, 2**16, 2**20, sum(merged)})
-    elements = {**{n: n for n in sizes}, "buckets": 8 * 2**12, "many": 2**16, "merged": sum(merged)}
+    elements = {**{n: n for n in sizes}, "buckets": calibration._BUCKETS_PROBE_BUCKETS * 2**12, "many": 2**16,
+                "merged": sum(merged)}
     times = {name: seconds_of_size(n) * rng.uniform(0.98, 1.02, rounds) for name, n in elements.items()}
     times["merged"] = times[sum(merged)] + merged_extra
     return sizes, times
@@ -166,7 +167,8 @@ def test_merge_cost_is_what_the_own_bucket_adds_beyond_its_per_tensor_costs(rng,
     total = sum(tensors)
     extra = (len(tensors) - 1) * per_tensor + merge * total
     sizes, times = probe_times(rng, lambda n: 0.001 + 1e-8 * n, tuple(tensors), extra)
-    times["many"] = times[2**16] + 63 * per_tensor  # the per-tensor probe: 64 tensors against one
+    tensors_in_probe = calibration._PER_TENSOR_PROBE_TENSORS  # the per-tensor probe: that many tensors against one
+    times["many"] = times[2**16] + (tensors_in_probe - 1) * per_tensor
     figures = calibration._compression_figures(times, sizes, 2**20, tuple(tensors), explained=True)
     assert figures.per_tensor == pytest.approx(per_tensor)
     assert figures.merge_per_element == pytest.approx(merge)

@@ -62,9 +62,10 @@ _LARGE_MAX_ELEMENTS = 2**22  # 16 MiB
 _BOOKKEEPING_TENSORS = 64
 _LARGE_PARTS = 4
 _LARGE_ROUNDS_ELEMENTS = 2**23  # the large collectives run about a third of this many elements per block (2 to 5 rounds)
-_ENCODE_SIZES = (2**12, 2**16, 2**20, 2**22)
-_PER_TENSOR_PROBE_ELEMENTS = 2**16  # one of _ENCODE_SIZES
-_PER_TENSOR_PROBE_TENSORS = 64
+_ENCODE_SIZES = (2**12, 2**22)  # the smallest compression probe, and the largest there can be
+_PER_TENSOR_PROBE_ELEMENTS = 2**16  # also a one-tensor probe
+_PER_TENSOR_PROBE_TENSORS = 16
+_BUCKETS_PROBE_BUCKETS = 4  # small buckets in one call, against one
 # The merge probe is one bucket of the gradients' own tensors where they are this many and this large.
 _OWN_MERGE_PROBE_TENSORS = (2, 512)
 _OWN_MERGE_PROBE_ELEMENTS = (_PER_TENSOR_PROBE_ELEMENTS, _ENCODE_SIZES[-1])
@@ -130,7 +131,7 @@ def _pool_without_outlier(per_block) -> dict:
 
 def _graph_call(function):
     """A callable that runs `function` (returning a list of tensors) as one tf.function and waits for it."""
-    graph = tf.function(function)
+    graph = tf.function(function, autograph=False)
     return lambda: graph()[0].numpy()
 
 
@@ -284,7 +285,8 @@ def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, expl
     single = AffineCost.fit(sizes, [np.median(seconds[n]) for n in sizes])
     if not explained and single.c1 <= 0:
         single = AffineCost(single.c0, float(np.median(seconds[largest])) / largest)
-    per_bucket = max(np.median(seconds["buckets"] - seconds[small]) / 7 - single.c1 * small, 0.0)
+    per_bucket = max(np.median(seconds["buckets"] - seconds[small]) / (_BUCKETS_PROBE_BUCKETS - 1) - single.c1 * small,
+                     0.0)
     per_tensor = max(np.median(seconds["many"] - seconds[_PER_TENSOR_PROBE_ELEMENTS]), 0.0) / (_PER_TENSOR_PROBE_TENSORS - 1)
     merged_elements = sum(merged)
     merge = max(np.median(seconds["merged"] - seconds[merged_elements]) - (len(merged) - 1) * per_tensor,
@@ -305,10 +307,10 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     does not fit the measured times (the network was measured in a slow spell), nothing is
     subtracted and the figures say so (`explained` False).
 
-    c1 is the slope of one-bucket calls of one tensor at sizes up to max_elements (at least 2^20,
-    at most 2^22) and their intercept is c0 + fixed; c0 is what one more bucket in the same call
-    adds beyond its elements (8 small buckets against 1). Per tensor: 64 tensors of 2^10 elements
-    in one bucket against one tensor of 2^16 (short calls, so the difference of 63 per-tensor
+    c1 is the slope of one-bucket calls of one tensor of 2^12, 2^16 and max_elements (at least
+    2^20, at most 2^22) elements (and the merge probe's total) and their intercept is c0 + fixed; c0 is what one more bucket in the same call
+    adds beyond its elements (4 small buckets against 1). Per tensor: 16 tensors of 2^12 elements
+    in one bucket against one tensor of 2^16 (short calls, so the difference of 15 per-tensor
     costs stands out of the noise; merging 2^16 elements costs next to nothing). Per merged
     element: one bucket of the gradients' own tensors (`tensor_elements`, ints in backprop order)
     against one tensor of their total, less their per-tensor costs; where the gradients are too
@@ -321,9 +323,9 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
                                   merge_per_element=0.0, compression_fixed=0.0)
     largest = _largest_compression_probe(max_elements)
     merged = _merge_probe(largest, tensor_elements)
-    sizes = sorted({s for s in _ENCODE_SIZES if s < largest} | {largest, sum(merged)})
+    sizes = sorted({_ENCODE_SIZES[0], _PER_TENSOR_PROBE_ELEMENTS, largest, sum(merged)})
     small = sizes[0]
-    plans = {**{n: [[n]] for n in sizes}, "buckets": [[small]] * 8,
+    plans = {**{n: [[n]] for n in sizes}, "buckets": [[small]] * _BUCKETS_PROBE_BUCKETS,
              "many": [[_PER_TENSOR_PROBE_ELEMENTS // _PER_TENSOR_PROBE_TENSORS] * _PER_TENSOR_PROBE_TENSORS],
              "merged": [list(merged)]}
     probes = {name: _exchange_probe(compressor, network, collectives, buckets) for name, buckets in plans.items()}
