@@ -3,7 +3,7 @@
 `calibrate(compressor, process_set, max_elements, tensor_elements)` returns a `tfcomp.cost_model.ClusterModel`:
 
   * the allreduce and allgather networks: latency from a tiny collective (one float32), bandwidth
-    from a large one (the size of the gradients, 1 to 16 MiB; an eighth of that for the allgather),
+    from a large one (the size of the gradients, 1 to 4 MiB; an eighth of that for the allgather),
     fitted to the ring formulas of `tfcomp.cost_model`;
   * what each tensor adds to the exchange's collectives (Horovod's per-tensor negotiation and
     bookkeeping), from a graph of 64 one-element allreduces against one;
@@ -58,7 +58,7 @@ __all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "calibrate", "measure
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
 _LARGE_MIN_ELEMENTS = 2**18  # 1 MiB of float32
-_LARGE_MAX_ELEMENTS = 2**22  # 16 MiB
+_LARGE_MAX_ELEMENTS = 2**20  # 4 MiB: at 1 Gbit/s a ring allreduce of it takes 30 to 60 ms, 10 to 20 times its latency
 _BOOKKEEPING_TENSORS = 64
 _LARGE_PARTS = 4
 _LARGE_ROUNDS_ELEMENTS = 2**23  # the large collectives run about a third of this many elements per block (2 to 5 rounds)
@@ -160,7 +160,7 @@ def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, 
 
 def _network_probe_elements(elements: int) -> tuple:
     """(large allreduce, large allgather) float32 elements for gradients of `elements`: their size
-    within 1 MiB .. 16 MiB (a multiple of _LARGE_PARTS), and an eighth of it, within the same bounds,
+    within 1 MiB .. 4 MiB (a multiple of _LARGE_PARTS), and an eighth of it, within the same bounds,
     for the allgather, whose payloads are compressed."""
     allreduce = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS) // _LARGE_PARTS * _LARGE_PARTS
     return allreduce, min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
@@ -187,7 +187,7 @@ def _largest_compression_probe(max_elements: int) -> int:
 def _measure_networks(process_set, elements: int) -> ClusterModel:
     """The figures of the collectives for this process set (no compression figures), timed as
     training runs them (in a graph, the workers synchronised just before): latency from one float32,
-    bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 16 MiB, as 4 tensors
+    bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 4 MiB, as 4 tensors
     that Horovod fuses) for the allreduce and an eighth of that for the allgather, whose payloads
     are compressed; and what each tensor adds from 64 one-element allreduces against one."""
     k = process_set.size()
@@ -348,7 +348,7 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
 def cache_key(compressor, process_set, max_elements: int, tensor_elements=()) -> str:
     """What the cached figures depend on; any change measures again. Of `max_elements` (the
     gradients' size) and `tensor_elements` (their tensors' sizes), the probe sizes they give: these
-    follow the size from 2^18 to 2^25 elements, and the merge probe is the tensors' own list
+    follow the size from 2^18 to 2^23 elements, and the merge probe is the tensors' own list
     where `_merge_probe` takes it."""
     layout = [hvd.size(), hvd.local_size(), hvd.cross_size(), process_set.size()]
     largest = _largest_compression_probe(max_elements)

@@ -25,6 +25,7 @@ finite, so a step that a loss-scale optimizer skips leaves them untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -118,7 +119,8 @@ class StepGraph:
         if not self.compressor.error_feedback:
             return
         with tf.init_scope():
-            for bucket in plan.compressed + self._momentum_dense_buckets(plan):
+            sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
+            for bucket in plan.compressed + self._momentum_dense_buckets(plan, sizes):
                 for i in bucket.positions:
                     self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
                                                with_momentum=self.compressor.momentum is not None)
@@ -134,8 +136,8 @@ class StepGraph:
         sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
         compressed = plan.compressed
         planned = {p for b in plan.buckets for p in b.positions}
-        momentum_dense = self._momentum_dense_buckets(plan)
-        dense_groups = [b.positions for b in plan.buckets if b.strategy == "dense" and b not in momentum_dense]
+        momentum_dense = self._momentum_dense_buckets(plan, sizes)
+        dense_groups = [] if momentum_dense else [b.positions for b in plan.buckets if b.strategy == "dense"]
         dense_groups.append([i for i, g in enumerate(grads)
                              if g is not None and i not in planned and not isinstance(g, tf.IndexedSlices)])
         prescale, postscale = self._dense_factors()
@@ -148,8 +150,9 @@ class StepGraph:
             for i, r in zip(group, self._allreduce_dense([grads[i] for i in group])):
                 out[i] = r
         if compressed or momentum_dense:
+            momentum_groups = [len(b.positions) for b in plan.buckets if b.strategy == "dense"] if momentum_dense else []
             self._place(compressed + momentum_dense,
-                        self._buckets_with_memory(compressed, momentum_dense, grads, sources, sizes, out),
+                        self._buckets_with_memory(compressed, momentum_dense, momentum_groups, grads, sources, sizes, out),
                         grads, sizes, out)
         self.state.step.assign_add(1)
         if counters is not None:
@@ -168,11 +171,14 @@ class StepGraph:
 
     # -- dense -------------------------------------------------------------------------------------
 
-    def _momentum_dense_buckets(self, plan) -> tuple:
-        """The plan's dense buckets that carry DGC momentum (all of them under momentum correction)."""
+    def _momentum_dense_buckets(self, plan, sizes) -> tuple:
+        """Under DGC momentum correction, the tensors of the plan's dense buckets, as one-tensor
+        buckets (so that their momenta need no concatenated copy; one grouped allreduce still
+        sends them all); otherwise none. `sizes`: elements of each gradient, by position."""
         if self.compressor.momentum is None or not self.compressor.error_feedback:
             return ()
-        return tuple(b for b in plan.buckets if b.strategy == "dense")
+        return tuple(dataclasses.replace(b, positions=(i,), elements=sizes[i])
+                     for b in plan.buckets if b.strategy == "dense" for i in b.positions)
 
     def _dense_factors(self):
         if self.op == hvd.Average:
@@ -195,10 +201,11 @@ class StepGraph:
 
     # -- compressed --------------------------------------------------------------------------------
 
-    def _buckets_with_memory(self, compressed, momentum_dense, grads, sources, sizes, dense_results):
-        """The reduced flat float32 tensor of each compressed bucket, then of each dense bucket that
-        carries DGC momentum, with their memory updated (all of it, or none where any reduced
-        gradient is not finite)."""
+    def _buckets_with_memory(self, compressed, momentum_dense, dense_groups, grads, sources, sizes, dense_results):
+        """The reduced flat float32 tensor of each compressed bucket, then of each one-tensor bucket
+        that carries DGC momentum (`_momentum_dense_buckets`, sent by one grouped allreduce per
+        `dense_groups` consecutive ones: the plan's dense buckets), with their memory updated (all
+        of it, or none where any reduced gradient is not finite)."""
         compressor = self.compressor
         buckets = compressed + momentum_dense
         accumulated = [self._accumulate_bucket(b, grads, sources) for b in buckets]
@@ -206,7 +213,7 @@ class StepGraph:
 
         def send_compressed():
             reduced, updates = self._send_compressed(sparse, compressed) if compressed else ([], [])
-            reduced_dense, updates_dense = self._send_dense(dense) if dense else ([], [])
+            reduced_dense, updates_dense = self._send_dense(dense, dense_groups) if dense else ([], [])
             return self._with_memory_update(buckets, sources, sizes, reduced + reduced_dense, updates + updates_dense,
                                             dense_results)
 
@@ -364,11 +371,14 @@ class StepGraph:
         values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
         return _Payload((values,), indices, (values, indices) if self.compressor.error_feedback else None)
 
-    def _send_dense(self, accumulated):
+    def _send_dense(self, accumulated, groups=None):
         """Warm-up steps and dense buckets under momentum correction: gradient (or its momentum u)
-        plus residual sent dense; the residual is then empty, and the momentum stays u (nothing
-        masked: a dense send is momentum SGD)."""
-        reduced = list(self._allreduce_dense([acc for acc, _ in accumulated]))
+        plus residual sent dense, by one grouped allreduce per `groups` consecutive buckets (None:
+        one for all); the residual is then empty, and the momentum stays u (nothing masked: a dense
+        send is momentum SGD)."""
+        flats, reduced = [acc for acc, _ in accumulated], []
+        for length in groups or [len(flats)]:
+            reduced += self._allreduce_dense(flats[len(reduced):len(reduced) + length])
         updates = []
         if self.compressor.error_feedback:
             updates = [_MemoryUpdate(None, momentum, None) for _, momentum in accumulated]
