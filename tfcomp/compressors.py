@@ -100,7 +100,9 @@ class Compressor:
       collective: "allgather", "allreduce" or "dense" (sent by Horovod's allreduce, see module doc).
       error_feedback: keep what was not sent, per variable, and add it to the next gradient.
       momentum: None, or DGC's momentum-correction factor (error feedback with momentum and factor
-        masking; then use the inner optimizer without momentum).
+        masking; then use the inner optimizer without momentum). Gradients the plan sends dense
+        (and every gradient in warm-up steps) are sent as their momentum, which they keep: an
+        all-dense plan trains as SGD with this momentum. Sparse (IndexedSlices) gradients get none.
       warmup_steps: communicating steps sent dense before compression starts (0 to 2^63 - 1).
       planning: "auto" (default): at the first step tfcomp calibrates the cluster and splits the
         gradients into buckets, each exchanged with the strategy the cost model predicts fastest
