@@ -88,15 +88,29 @@ def test_cli_returns_the_exit_code_and_sets_the_hosts():
 @needs_cluster
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_tears_everything_down(sig):
+    # Ctrl-C as a terminal delivers it: SIGINT handled by default in the child even where this test
+    # runs in a background job (which starts its children with SIGINT ignored).
     process = subprocess.Popen([sys.executable, "-m", "benchmarks.cluster", "run", "--hosts", "2", "--rate", "1gbit",
-                                "--", "sh", "-c", "ssh 198.18.0.2 sleep 600"], cwd=ROOT)
+                                "--", "sh", "-c", "ssh 198.18.0.2 sleep 600"], cwd=ROOT,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     tag = f"{cl.PREFIX}{process.pid}"
     deadline = time.monotonic() + 60
-    while not any("sleep 600" in line for line in
-                  subprocess.run(["pgrep", "-af", "sleep"], capture_output=True, text=True).stdout.splitlines()):
+    while not (sleeps := sleeps_in(tag)):
         assert time.monotonic() < deadline and process.poll() is None, "the cluster never ran the command"
         time.sleep(0.2)
     process.send_signal(sig)
     assert process.wait(timeout=60) != 0
     assert leftovers(tag) == []
-    assert "sleep 600" not in subprocess.run(["pgrep", "-af", "sleep"], capture_output=True, text=True).stdout
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in sleeps)
+
+
+def sleeps_in(tag: str) -> list:
+    """PIDs of the processes whose command line is exactly `sleep 600` (the cluster's own command
+    line holds those words too) running in a namespace of the cluster `tag`."""
+    pids = []
+    for line in subprocess.run(["pgrep", "-ax", "sleep"], capture_output=True, text=True).stdout.splitlines():
+        pid, _, command = line.partition(" ")
+        namespace = subprocess.run(["ip", "netns", "identify", pid], capture_output=True, text=True).stdout.strip()
+        if command == "sleep 600" and namespace.startswith(f"{tag}-"):
+            pids.append(pid)
+    return pids
