@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 
-__all__ = ["Cluster", "ClusterError", "cluster_unavailable_reason", "parse_rate"]
+__all__ = ["Cluster", "ClusterError", "cluster_unavailable_reason", "horovodrun_executable", "parse_rate"]
 
 PREFIX = "tfc-"
 SUBNET = "198.18.0"
@@ -256,7 +256,8 @@ class Cluster:
 
     def horovodrun_args(self, np: int | None = None) -> list:
         """`horovodrun` with every host's one slot, Gloo, and the hosts' eth0."""
-        return ["horovodrun", "-np", str(np or self.count), "-H", self.hosts, "--gloo", "--network-interface", "eth0"]
+        return [horovodrun_executable(), "-np", str(np or self.count), "-H", self.hosts, "--gloo", "--network-interface",
+                "eth0"]
 
     def run(self, command: list, env: dict | None = None, timeout: float | None = None,
             capture: bool = False) -> subprocess.CompletedProcess:
@@ -279,6 +280,13 @@ class Cluster:
             process.wait()
             raise
         return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def horovodrun_executable() -> str:
+    """horovodrun next to this Python (the virtual environment's, also where it is not activated),
+    else the one on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return beside if os.path.exists(beside) else "horovodrun"
 
 
 def _kill_namespace_processes_except_sshd(namespace: str, tmp: str) -> None:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from benchmarks.cluster import horovodrun_executable
 from benchmarks.tables import markdown_table, text_table
 
 __all__ = []
@@ -75,12 +76,6 @@ CONFIGS = [
 ]
 
 
-def _horovodrun() -> str:
-    """horovodrun next to this Python (the venv's), else the one on PATH."""
-    beside = Path(sys.executable).with_name("horovodrun")
-    return str(beside) if beside.exists() else "horovodrun"
-
-
 def _train_args(compressor: str, ratio, seed: int) -> list:
     """Flags of examples/train_keras.py for one run (without --log_json)."""
     args = [f"--compressor={compressor}", "--dataset=digits", f"--model={FLAGS.model}", f"--epochs={FLAGS.epochs}",
@@ -98,7 +93,7 @@ def run_training(compressor: str, ratio, seed: int) -> dict:
     """Runs examples/train_keras.py on two workers and returns rank 0's JSON metrics."""
     with tempfile.TemporaryDirectory() as tmp:
         log_json = os.path.join(tmp, "metrics.json")
-        command = [_horovodrun(), "-np", str(WORKERS), "-H", f"localhost:{WORKERS}", "--gloo",
+        command = [horovodrun_executable(), "-np", str(WORKERS), "-H", f"localhost:{WORKERS}", "--gloo",
                    sys.executable, str(EXAMPLE), *_train_args(compressor, ratio, seed), f"--log_json={log_json}"]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0 or not os.path.exists(log_json):

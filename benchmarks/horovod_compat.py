@@ -46,6 +46,7 @@ import time
 
 from absl import app, flags
 
+from benchmarks.cluster import horovodrun_executable
 from benchmarks.tables import markdown_table, text_table
 
 __all__ = ["COMPRESSIONS", "FILES", "group_failures", "run_file"]
@@ -129,7 +130,7 @@ def run_file(test_dir: str, file: str, compression: str, timeout: int, log_dir: 
     env = dict(os.environ, TFCOMP_COMPAT_COMPRESSION=compression, TFCOMP_COMPAT_OUT=out,
                TFCOMP_CALIBRATION_CACHE=os.path.join(out, "calibration.json"), TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
-    command = ["horovodrun", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "pytest", "-v",
+    command = [horovodrun_executable(), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "pytest", "-v",
                "-p", "benchmarks.horovod_compat_shim", os.path.join("parallel", file)]
     returncode, seconds = _run(command, test_dir, env, os.path.join(out, "horovodrun.log"), timeout)
     logs = [_read_log(os.path.join(out, f"rank{rank}.jsonl")) for rank in range(2)]

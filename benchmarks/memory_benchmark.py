@@ -50,6 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.cluster import horovodrun_executable
 from benchmarks.tables import markdown_table, text_table
 
 __all__ = []
@@ -139,17 +140,11 @@ def run_worker(config: str, elements: int, steps: int, json_out: str) -> None:
             json.dump({"config": config, "elements": elements, "ranks": results}, f)
 
 
-def _horovodrun() -> str:
-    """horovodrun next to this Python (the venv's), else the one on PATH."""
-    beside = Path(sys.executable).with_name("horovodrun")
-    return str(beside) if beside.exists() else "horovodrun"
-
-
 def run_config(config: str, elements: int, steps: int) -> dict:
     """One fresh horovodrun job for `config`; returns its row of the table."""
     with tempfile.TemporaryDirectory() as tmp:
         json_out = os.path.join(tmp, "result.json")
-        command = [_horovodrun(), "-np", str(WORKERS), "-H", f"localhost:{WORKERS}", "--gloo", sys.executable, "-m",
+        command = [horovodrun_executable(), "-np", str(WORKERS), "-H", f"localhost:{WORKERS}", "--gloo", sys.executable, "-m",
                    "benchmarks.memory_benchmark", f"--worker={config}", f"--elements={elements}", f"--steps={steps}",
                    f"--json_out={json_out}"]
         env = {**os.environ, **WORKER_ENV}
