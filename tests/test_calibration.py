@@ -117,6 +117,44 @@ def test_compression_is_priced_at_whole_times_when_the_network_cannot_explain_th
     assert fit.c1 > 0 and fit(2**20) + figures.fixed > 0 and figures.fixed < 1.0  # the probes' own times, not 0
 
 
+def test_lower_bounds_from_the_smallest_and_largest_probe(rng):
+    small, largest = 2**12, 2**20
+    fixed, slope = float(rng.uniform(1e-3, 3e-3)), float(rng.uniform(2e-9, 9e-9))
+    communication = {small: 4e-4, largest: 2e-3}
+    times = {n: fixed + slope * n + communication[n] + rng.uniform(-1e-6, 1e-6, 9) for n in (small, largest)}
+    lower = calibration._lower_bound_figures(times, communication, small, largest)
+    assert lower.encode_decode.c1 == pytest.approx(slope, rel=0.01)
+    assert lower.fixed == pytest.approx(fixed, rel=0.01)
+    assert (lower.encode_decode.c0, lower.per_tensor, lower.merge_per_element) == (0.0, 0.0, 0.0)
+    assert lower.explained and not lower.complete
+    # A network whose modelled communication is at least the largest probe's time explains nothing.
+    slow = {small: 1.0, largest: 1.0}
+    assert not calibration._lower_bound_figures(times, slow, small, largest).explained
+
+
+@pytest.mark.parametrize("answer", [False, True], ids=["cannot pay: stops", "could pay: measures all"])
+def test_compression_measured_in_two_stages(monkeypatch, answer):
+    timed, asked = [], []
+    measure = calibration._without_outlying_block
+
+    def recording(sets, barrier, **kwargs):
+        timed.append(sorted(str(name) for runs, _ in sets for name in runs))
+        return measure(sets, barrier, **kwargs)
+
+    def could_pay(lower):
+        asked.append(lower)
+        return answer
+
+    monkeypatch.setattr(calibration, "_without_outlying_block", recording)
+    figures = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16, could_pay=could_pay)
+    largest = calibration._largest_compression_probe(2**16)
+    assert timed[0] == sorted([str(2**12), str(largest)]) and len(asked) == 1 and not asked[0].complete
+    if answer:
+        assert len(timed) == 2 and {"buckets", "many", "merged"} <= set(timed[1]) and figures.complete
+    else:
+        assert len(timed) == 1 and figures == asked[0]
+
+
 MERGED_FALLBACK = calibration._merge_probe(2**20)  # 2^20 elements as 8 tensors
 
 

@@ -15,7 +15,11 @@
     (`tensor_elements`) where they are few and small enough. Where that modelled time does not fit
     the measured ones (the network was measured in a slow spell), network and compression are
     measured once more; if they still do not fit, compression is priced at the probes' whole times
-    (an upper bound).
+    (an upper bound);
+  * in two stages: the smallest and the largest compression probe first, which bound the costs
+    from below (every cost they cannot separate at 0). If the plan with those least costs is all
+    dense (a network fast enough that compressing cannot pay), no further measurement could change
+    that, and calibration stops there (on a fast network it takes a fraction of the time).
 
 Everything is timed as training runs it: each call one graph, started right after a barrier (in
 training the previous step's collectives synchronise the workers), the probes of a kind
@@ -50,7 +54,7 @@ from absl import logging
 from tfcomp.collectives import HorovodCollectives, LocalCollectives
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 from tfcomp.memory import ExchangeState
-from tfcomp.planning import Bucket, Plan, predicted_exchange_time
+from tfcomp.planning import Bucket, Plan, make_plan, predicted_exchange_time
 from tfcomp.step import StepGraph
 
 __all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "calibrate", "measure_compression"]
@@ -262,13 +266,15 @@ class CompressionFigures(NamedTuple):
     probe was at least its measured time, or the time less communication did not grow with the
     size, and then the figures are fitted to the probes' whole times (an upper bound: the plan
     leans to dense). (A small probe's compression is as short as the noise in the latency, so only
-    the largest is held to this.)"""
+    the largest is held to this.) `complete`: False for the lower bounds of `_lower_bound_figures`
+    (only the smallest and largest probes measured)."""
 
     encode_decode: AffineCost
     per_tensor: float
     merge_per_element: float
     fixed: float
     explained: bool = True
+    complete: bool = True
 
     def apply(self, cluster: ClusterModel) -> ClusterModel:
         """`cluster` with these compression figures."""
@@ -296,8 +302,21 @@ def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, expl
                               explained)
 
 
+def _lower_bound_figures(times: dict, communication: dict, small: int, largest: int) -> CompressionFigures:
+    """What the smallest and the largest one-tensor probes alone tell ({size: float64 [rounds]
+    seconds}, the modelled communication {size: seconds} to subtract): c1 their slope and `fixed`
+    their intercept, so that one bucket of one tensor is priced as measured, and every cost they
+    cannot tell apart (c0 per bucket, per tensor, per merged element) at its least, 0, so that any
+    plan of more buckets or tensors is priced at most at its cost. Not `explained` where the
+    network's communication is at least the largest probe's time or the slope is not positive."""
+    seconds = {n: float(np.median(times[n] - communication[n])) for n in (small, largest)}
+    fit = AffineCost.fit([small, largest], [seconds[small], seconds[largest]])
+    explained = fit.c1 > 0 and float(np.median(times[largest])) > communication[largest]
+    return CompressionFigures(AffineCost(0.0, fit.c1), 0.0, 0.0, fit.c0, explained, complete=False)
+
+
 def measure_compression(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
-                        collectives=None, tensor_elements=()) -> CompressionFigures:
+                        collectives=None, tensor_elements=(), could_pay=None) -> CompressionFigures:
     """The work of compressed buckets in the exchange itself (accumulate, encode, local decode,
     residual, collective, decode of all payloads), each probe one graph call, the probes interleaved.
     With `collectives` (Horovod's, on every rank at once) and the calibrated `network`, a step's
@@ -315,7 +334,12 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     element: one bucket of the gradients' own tensors (`tensor_elements`, ints in backprop order)
     against one tensor of their total, less their per-tensor costs; where the gradients are too
     few or too large for that (`_merge_probe`), the largest size as 8 tensors, measured at the size
-    of the largest bucket, where merging costs the most."""
+    of the largest bucket, where merging costs the most.
+
+    With `could_pay` (a callable that every rank calls at once: given `_lower_bound_figures`,
+    whether compression could pay with costs that low), the smallest and the largest probe are
+    timed first; where it says no, those lower bounds are returned (`complete` False) and nothing
+    more is measured: no further cost could make compression pay."""
     if collectives is None:
         collectives = LocalCollectives(num_workers)
         network = ClusterModel.unpriced(num_workers)
@@ -333,11 +357,21 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     # Short calls are noisy and cheap, long ones steadier and costly: each set its own rounds (the
     # differences taken below are of probes in the same set, paired round by round).
     long_rounds = min(_SHORT_PROBE_ROUNDS, max(_LONG_PROBE_ROUNDS, _LONG_PROBE_ROUNDS * _ENCODE_SIZES[-1] // largest))
-    sets = []
-    for long_calls, rounds in ((False, _SHORT_PROBE_ROUNDS), (True, long_rounds)):
-        sets.append(({name: run for name, (run, _) in probes.items()
-                      if (sum(map(sum, plans[name])) >= _MIN_LARGEST_PROBE) == long_calls}, rounds))
-    times = _without_outlying_block(sets, barrier)
+
+    def timed(names) -> dict:
+        sets = []
+        for long_calls, rounds in ((False, _SHORT_PROBE_ROUNDS), (True, long_rounds)):
+            chosen = {name: probes[name][0] for name in names
+                      if (sum(map(sum, plans[name])) >= _MIN_LARGEST_PROBE) == long_calls}
+            sets += [(chosen, rounds)] if chosen else []
+        return _without_outlying_block(sets, barrier)
+
+    if could_pay is not None:
+        lower = _lower_bound_figures(timed([small, largest]), {n: probes[n][1] for n in (small, largest)},
+                                     small, largest)
+        if not could_pay(lower):
+            return lower
+    times = timed(list(probes))
     figures = _compression_figures({name: times[name] - communication for name, (_, communication) in probes.items()},
                                    sizes, largest, merged, explained=True)
     if figures.encode_decode.c1 > 0 and np.median(times[largest]) > probes[largest][1]:
@@ -470,14 +504,29 @@ def _write_cache(path, key, model: ClusterModel) -> None:
 def _measure(compressor, process_set, max_elements: int, tensor_elements=()) -> ClusterModel:
     """This rank's measurements (every rank runs the same collectives in the same order). When rank
     0's network figures do not explain its compressed probes' times (a slow spell while the network
-    was measured), every rank measures both once more, and keeps the second figures whatever they are."""
+    was measured), every rank measures both once more, and keeps the second figures whatever they are.
+    Where rank 0's lower bounds of the compression costs already make the plan of `tensor_elements`
+    all dense, those are the figures (`measure_compression`'s `could_pay`)."""
     if available_strategies(compressor) == ("dense",):
         return _measure_networks(process_set, max_elements)
     collectives = HorovodCollectives(process_set)
+    tensors = [(i, f"gradient_{i}", int(n)) for i, n in enumerate(tensor_elements or [max_elements])]
     for attempt in range(_MEASUREMENT_ATTEMPTS):
         network = _measure_networks(process_set, max_elements)
+
+        def could_pay(lower: CompressionFigures) -> bool:
+            """Rank 0's answer, on every rank: whether the plan with compression at its least cost compresses."""
+            could = not lower.explained or bool(make_plan(tensors, compressor, lower.apply(network)).compressed)
+            return _rank0_value(float(could), process_set) == 1.0
+
         figures = measure_compression(compressor, process_set.size(), max_elements, network, collectives,
-                                      tensor_elements)
+                                      tensor_elements, could_pay)
+        if not figures.complete:
+            if process_set.rank() == 0:
+                logging.info("tfcomp: calibration: compression cannot pay on this network even at its least cost "
+                             "(%.2f ns per element, %.2f ms fixed): the plan is dense, its other costs not measured",
+                             1e9 * figures.encode_decode.c1, 1e3 * figures.fixed)
+            break
         if _rank0_value(float(figures.explained), process_set) == 1.0:
             break
         if process_set.rank() == 0:
