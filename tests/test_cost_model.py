@@ -59,7 +59,9 @@ def test_parse_latency(text, seconds):
     assert cm.parse_latency(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text, bytes_per_s", [("10Gbps", 1.25e9), ("100Mbps", 1.25e7), ("2GB/s", 2e9)])
+@pytest.mark.parametrize("text, bytes_per_s", [
+    ("10Gbps", 1.25e9), ("100Mbps", 1.25e7), ("2GB/s", 2e9), ("10Gbit/s", 1.25e9), ("10 gbit", 1.25e9),
+    ("400 Mb/s", 5e7), ("1.5e3 kbit/s", 1.875e5), ("3 TB/s", 3e12), ("8 bit/s", 1.0)])
 def test_parse_bandwidth(text, bytes_per_s):
     assert cm.parse_bandwidth(text) == pytest.approx(bytes_per_s)
 
@@ -67,6 +69,10 @@ def test_parse_bandwidth(text, bytes_per_s):
 @pytest.mark.parametrize("call, message", [
     (lambda: cm.parse_latency("fast"), r"latency must be a number with a unit .* got 'fast'"),
     (lambda: cm.parse_bandwidth("10 parsecs"), r"bandwidth must be a number with a unit .* got '10 parsecs'"),
+    (lambda: cm.parse_bandwidth("10 GBPS"), r"bandwidth must be a number with a unit .* got '10 GBPS'"),
+    (lambda: cm.parse_bandwidth("10"), r"bandwidth must be a number with a unit .* got '10'"),
+    (lambda: cm.parse_count("25.6Q", "--params"), r"--params must be a number of elements, .* got '25.6Q'"),
+    (lambda: cm.parse_count("1.0001k", "--params"), r"--params must be a whole number of elements >= 1, got '1.0001k'"),
     (lambda: cm.Network(-1.0, 1e9), r"latency must be a finite number of seconds >= 0, got -1.0"),
     (lambda: cm.Network(1e-3, 0), r"bandwidth must be a finite number of bytes per second > 0, got 0"),
     (lambda: cm.ring_allreduce(1e6, 0, NET), r"workers must be an integer >= 1, got 0"),
@@ -74,6 +80,44 @@ def test_parse_bandwidth(text, bytes_per_s):
 def test_bad_arguments(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("text, count", [("126000000", 126000000), ("25.6M", 25600000), ("1.2e8", 120000000),
+                                         ("3k", 3000), ("2 G", 2 * 10**9), ("1B", 10**9)])
+def test_parse_count(text, count):
+    assert cm.parse_count(text, "--params") == count
+
+
+def horovod_cluster(workers, per_tensor=0.0) -> cm.ClusterModel:
+    return cm.ClusterModel(workers, NET, NET, cm.AffineCost(0.0, 0.0), per_tensor=per_tensor)
+
+
+def test_horovod_fuses_what_is_ready_and_overlaps_the_rest(rng):
+    k, per_tensor = int(rng.integers(2, 16)), float(rng.uniform(0, 1e-4))
+    cluster = horovod_cluster(k, per_tensor)
+    sizes = [int(n) for n in rng.integers(1000, 10**6, 20)]
+    # All ready at once: one fused allreduce (they fit in 128 MiB), started at the first cycle (0).
+    fused = cm.ring_allreduce(4 * sum(sizes), k, NET) + len(sizes) * per_tensor
+    assert cm.horovod_dense_finish(sizes, [0.0] * 20, cluster) == pytest.approx(fused)
+    # Ready far apart: each its own allreduce right after it is ready (rounded up to a cycle).
+    ready = [1.0 * (i + 1) + 0.0004 for i in range(20)]
+    last = cm.ring_allreduce(4 * sizes[-1], k, NET) + per_tensor
+    assert cm.horovod_dense_finish(sizes, ready, cluster) == pytest.approx(20.001 + last)
+    # In any order: Horovod takes them as they become ready.
+    order = rng.permutation(20)
+    assert cm.horovod_dense_finish([sizes[i] for i in order], [ready[i] for i in order], cluster) == pytest.approx(
+        20.001 + last)
+
+
+def test_horovod_fusion_buffer_splits_what_does_not_fit(rng):
+    k = int(rng.integers(2, 16))
+    sizes = [40 * 2**20 // 4] * 4  # 4 tensors of 40 MiB: 3 fit in 128 MiB, then 1
+    expected = cm.ring_allreduce(3 * 40 * 2**20, k, NET) + cm.ring_allreduce(40 * 2**20, k, NET)
+    assert cm.horovod_dense_finish(sizes, [0.0] * 4, horovod_cluster(k)) == pytest.approx(expected)
+    assert cm.horovod_dense_finish(sizes, [0.0] * 4, horovod_cluster(k), fusion_bytes=0) == pytest.approx(
+        4 * cm.ring_allreduce(40 * 2**20, k, NET))
+    with pytest.raises(ValueError, match="need one ready time per gradient, got 3 for 4 gradients"):
+        cm.horovod_dense_finish(sizes, [0.0] * 3, horovod_cluster(k))
 
 
 def random_cluster(rng) -> cm.ClusterModel:

@@ -20,9 +20,10 @@ def run(*args):
 def test_json_matches_the_formulas(rng):
     params = int(rng.integers(10**6, 10**8))
     workers = int(rng.integers(2, 64))
-    encode_ms = float(rng.uniform(0, 50))
+    encode_ms, decode_ms = float(rng.uniform(0, 50)), float(rng.uniform(0, 10))
     result = run("--params", str(params), "--workers", str(workers), "--latency", "1ms", "--bandwidth", "10Gbps",
-                 "--compressor", "dragonn", "--ratio", "0.001", "--encode-ms", str(encode_ms), "--json")
+                 "--compressor", "dragonn", "--ratio", "0.001", "--encode-ms", str(encode_ms), "--decode-ms",
+                 str(decode_ms), "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     rows = {r["name"]: r for r in out["strategies"]}
@@ -36,28 +37,80 @@ def test_json_matches_the_formulas(rng):
     assert rows["artopk_tree"]["communication_s"] == pytest.approx(cm.artopk_tree(4 * k, 4 * k + 4, workers, net))
     for row in out["strategies"]:
         assert row["total_s"] == pytest.approx(row["communication_s"] + row["compression_s"])
+        assert row["runs_in_tfcomp"] == (row["name"] != "artopk_tree")
         if row["name"] != "dense_ring_allreduce":
-            assert row["compression_s"] == pytest.approx(encode_ms / 1e3)
-    assert out["choice"] == min(out["strategies"], key=lambda r: r["total_s"])["name"]
+            assert row["compression_s"] == pytest.approx((encode_ms + decode_ms) / 1e3)
+    # One tensor: stock Horovod cannot overlap it, and the plan is the fastest strategy tfcomp runs.
+    assert out["horovod_total_s"] == pytest.approx(rows["dense_ring_allreduce"]["total_s"])
+    fastest = min((r for r in out["strategies"] if r["runs_in_tfcomp"]), key=lambda r: r["total_s"])
+    assert out["plan"]["total_s"] == pytest.approx(fastest["total_s"])
+    assert out["choice"] == {"dense_ring_allreduce": "dense", "artopk_ring": "artopk"}.get(fastest["name"], fastest["name"])
+    assert out["speedup_over_horovod"] == pytest.approx(out["horovod_total_s"] / out["plan"]["total_s"])
+    assert out["inputs"]["elements"] == params and out["inputs"]["workers"] == workers
+    assert out["inputs"]["encode_ms"] == encode_ms and out["inputs"]["decode_ms"] == decode_ms
+    assert any("--encode-ms" in a for a in out["assumptions"])
 
 
 def test_fast_network_and_slow_encode_choose_dense():
     out = json.loads(run("--params", "1000000", "--workers", "4", "--bandwidth", "400Gbps", "--latency", "1us",
                          "--encode-ms", "20", "--json").stdout)
-    assert out["choice"] == "dense_ring_allreduce"
+    assert out["choice"] == "dense" and [b["strategy"] for b in out["plan"]["buckets"]] == ["dense"]
 
 
-def test_table_measures_encode_time_here_and_plot_is_drawn(tmp_path):
+def test_spelled_as_people_write_it():
+    """Units with bit/s, counts with M, compressor names in any case: the same figures."""
+    usual = run("--params", "25.6M", "--bandwidth", "10Gbit/s", "--compressor", "DRAGONN", "--encode-ms", "3", "--json")
+    plain = run("--params", "25600000", "--bandwidth", "10Gbps", "--compressor", "dragonn", "--encode-ms", "3", "--json")
+    assert usual.returncode == 0, usual.stderr
+    assert json.loads(usual.stdout) == json.loads(plain.stdout)
+
+
+def test_stock_horovod_overlaps_the_backward_pass_and_the_tfcomp_plan_does_not(rng):
+    """Many tensors ready over a long backward pass on a fast network: Horovod's allreduce hides
+    under it; the compressed one-bucket rows and the plan pay the backward pass in full."""
+    forward_ms, backward_ms = float(rng.uniform(5, 20)), float(rng.uniform(200, 400))
+    out = json.loads(run("--params", "4M", "--tensors", "50", "--workers", "4", "--bandwidth", "100Gbit/s",
+                         "--encode-ms", "5", "--forward-ms", str(forward_ms), "--backward-ms", str(backward_ms),
+                         "--json").stdout)
+    last_tensor = cm.ring_allreduce(4 * 4e6 / 50, 4, cm.Network(50e-6, 12.5e9))
+    assert out["horovod_total_s"] == pytest.approx((forward_ms + backward_ms) / 1e3 + last_tensor, rel=0.01)
+    assert out["plan"]["total_s"] >= (forward_ms + backward_ms) / 1e3 + out["plan"]["exchange_s"] - 1e-12
+    assert any("backprop order in proportion" in a for a in out["assumptions"])
+
+
+def test_measure_here_times_compression_on_this_machine_and_plot_is_drawn(tmp_path):
     plot = tmp_path / "whatif.png"
     result = run("--params", "300000", "--workers", "2", "--bandwidth", "1Gbps", "--compressor", "topk",
-                 "--ratio", "0.01", "--plot", str(plot))
+                 "--ratio", "0.01", "--measure-here", "--plot", str(plot))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[1].split() == ["strategy", "communication", "ms", "compression", "ms", "total", "ms"]
-    compression_ms = float(lines[3].split()[2])  # allgather row: measured on this machine, not 0
-    assert compression_ms > 0
-    assert lines[-1].startswith("choice: ")
+    assert lines[1].startswith("assumed compression: measured just now on this machine's CPU")
+    header = next(i for i, line in enumerate(lines) if line.startswith("one bucket after the backward pass"))
+    allgather = lines[header + 2].split()
+    assert allgather[0] == "allgather" and float(allgather[2]) > 0  # measured here, not 0
+    assert any(line.startswith("choice: ") for line in lines)
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_predicting_imports_neither_tensorflow_nor_horovod(tmp_path):
+    """--help and a prediction from given costs (with a plot) stay off TensorFlow and Horovod: only
+    --measure-here needs them."""
+    code = ("import sys, contextlib, io\n"
+            "from tfcomp import whatif\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    with contextlib.suppress(SystemExit):\n"
+            "        whatif.main(['--help'])\n"
+            f"    assert whatif.main(['--params', '1M', '--encode-ms', '1', '--plot', {str(tmp_path / 'p.png')!r}]) == 0\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'horovod', 'keras')))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_without_compression_costs_it_asks_for_them(capsys):
+    assert whatif.main(["--params", "1M"]) == 2
+    assert "say what compression costs on your devices: --encode-ms" in capsys.readouterr().err
 
 
 def test_profile_of_a_keras_model(tmp_path):
@@ -89,11 +142,16 @@ def test_randomk_offers_its_allreduce_and_quantisers_their_allgather():
     (["--params", "100", "--latency", "-1ms"], "latency must be >= 0, got '-1ms'"),
     (["--params", "100", "--latency", "1e300s", "--encode-ms", "1"], "allreduce.latency must be a finite number"),
     (["--params", "100", "--compressor", "zip"], "--compressor must be one of dragonn"),
-    (["--params", "0"], "--params must be a number of elements > 0, got 0"),
+    (["--params", "0"], "--params must be a whole number of elements >= 1, got '0'"),
+    (["--params", "2.5"], "--params must be a whole number of elements >= 1, got '2.5'"),
+    (["--params", "100", "--tensors", "101"], "--tensors must be an integer from 1 to --params, got 101"),
+    (["--params", "100", "--decode-ms", "2"], "--decode-ms goes with --encode-ms"),
+    (["--params", "100", "--encode-ms", "1", "--backward-ms", "-1"], "--backward-ms must be a number of milliseconds"),
     (["--params", "100", "--workers", "0"], "--workers must be an integer >= 1, got 0"),
     (["--params", "100", "--ratio", "1.5"], "--ratio: ratio must be a number in (0, 1], got 1.5"),
     (["--params", "100", "--encode-ms", "-3"], "--encode-ms must be a number of milliseconds >= 0"),
-    (["--params", "abc"], "argument --params: invalid int value: 'abc'"),
+    (["--params", "100", "--encode-ms", "1", "--measure-here"], "not allowed with argument --encode-ms"),
+    (["--params", "abc"], "--params must be a number of elements, e.g. 126000000, 1.2e8 or 25.6M; got 'abc'"),
     (["--bandwidth", "1Gbps"], "one of the arguments --params --profile is required"),
     (["--profile", "/nonexistent/profile.json"], "--profile '/nonexistent/profile.json' is not a readable profile"),
 ])

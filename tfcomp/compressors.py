@@ -26,9 +26,12 @@ import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
-import tensorflow as tf
 
-from tfcomp import ops
+from tfcomp.lazy_module import LazyModule
+
+# Imported on first use: settings and payload sizes (the cost model, the what-if) need neither.
+tf = LazyModule("tensorflow")
+ops = LazyModule("tfcomp.ops")
 
 __all__ = [
     "Compressor",
@@ -170,6 +173,15 @@ class Compressor:
     def decode_sum(self, wire: tuple, context, size: int, num_workers: int) -> tf.Tensor:
         """float32 [size]: the sum of all workers' payloads from the collective's results."""
         raise NotImplementedError
+
+    def compress(self, tensor):
+        """Horovod's compressor interface, reached only where Horovod runs its own exchange with a
+        tfcomp compressor: the glue was not installed (the compressor came from `tfcomp.compressors`
+        directly, not through `tfcomp.`). Raises a RuntimeError that says so."""
+        del tensor
+        raise RuntimeError(f"Horovod was given {self!r} without tfcomp's glue installed: make compressors as "
+                           f"tfcomp.{type(self).__name__}(...) (after `import tfcomp`), or call "
+                           "tfcomp.horovod_glue.install() before building the optimizer or tape")
 
     def sent_pairs(self, encoded: Encoded):
         """(values float32 [m], indices int32 [m], -1 = empty) when this worker's payload is a

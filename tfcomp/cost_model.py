@@ -34,6 +34,8 @@ from dataclasses import dataclass
 __all__ = [
     "AffineCost",
     "CLUSTER_LIMITS",
+    "HOROVOD_CYCLE_SECONDS",
+    "HOROVOD_FUSION_BYTES",
     "ClusterModel",
     "Network",
     "STRATEGIES",
@@ -42,6 +44,7 @@ __all__ = [
     "WIRE_TENSORS",
     "available_strategies",
     "compressed_iteration",
+    "horovod_dense_finish",
     "overlapped_dense_iteration",
     "strategy_time",
     "artopk_ring",
@@ -49,35 +52,62 @@ __all__ = [
     "broadcast",
     "compression_pays",
     "parse_bandwidth",
+    "parse_count",
     "parse_latency",
     "ring_allgather",
     "ring_allreduce",
     "tree_allreduce",
 ]
 
+_NUMBER = r"([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)"
 _LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
-_BANDWIDTH_UNITS = {"bps": 1 / 8, "kbps": 1e3 / 8, "mbps": 1e6 / 8, "gbps": 1e9 / 8,
-                    "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9}
+_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}  # decimal, either case
+_BITS = ("bps", "bit/s", "bits/s", "bit", "b/s")  # as written: bit units have a lower-case b
+_BYTES = ("Bps", "B/s", "byte/s", "bytes/s")
+_COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
 
 
-def _parse(text: str, units: dict, argument: str, example: str, allow_zero: bool) -> float:
-    match = re.fullmatch(r"\s*([-+]?[0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*([a-z/]+)\s*", str(text).lower())
-    if not match or match.group(2) not in units:
-        raise ValueError(f"{argument} must be a number with a unit ({', '.join(units)}), e.g. {example!r}; got {text!r}")
-    value = float(match.group(1)) * units[match.group(2)]
+def _check_range(value: float, argument: str, text, allow_zero: bool) -> float:
     if value < 0 or (value == 0 and not allow_zero) or not math.isfinite(value):
         raise ValueError(f"{argument} must be {'>= 0' if allow_zero else '> 0'}, got {text!r}")
     return value
 
 
 def parse_latency(text: str) -> float:
-    """'1ms' -> 0.001 (seconds). Units: s, ms, us, ns. 0 allowed, negative values are not."""
-    return _parse(text, _LATENCY_UNITS, "latency", "1ms", allow_zero=True)
+    """'1ms' -> 0.001 (seconds). Units: s, ms, us, ns (any case, a space allowed). 0 allowed,
+    negative values are not."""
+    match = re.fullmatch(rf"\s*{_NUMBER}\s*([a-zA-Z]+)\s*", str(text))
+    if not match or match.group(2).lower() not in _LATENCY_UNITS:
+        raise ValueError(f"latency must be a number with a unit ({', '.join(_LATENCY_UNITS)}), e.g. '1ms'; got {text!r}")
+    return _check_range(float(match.group(1)) * _LATENCY_UNITS[match.group(2).lower()], "latency", text, True)
 
 
 def parse_bandwidth(text: str) -> float:
-    """'10Gbps' -> 1.25e9 (bytes per second). Units: bps, Kbps, Mbps, Gbps (bits), B/s ... GB/s (bytes); > 0."""
-    return _parse(text, _BANDWIDTH_UNITS, "bandwidth", "10Gbps", allow_zero=False)
+    """'10Gbps' -> 1.25e9 (bytes per second); > 0. A decimal prefix k, M, G or T (either case),
+    then bits as bps, bit/s, bit (as tc writes rates) or b/s, or bytes as Bps, B/s or byte/s:
+    '10Gbit/s', '10 gbit', '400Mbps' and '1.25GB/s' are all accepted. The b is case-sensitive
+    (b bits, B bytes), as in the units' usual spelling."""
+    match = re.fullmatch(rf"\s*{_NUMBER}\s*([kKmMgGtT]?)([a-zA-Z/]+)\s*", str(text))
+    unit = match.group(3) if match else ""
+    per_byte = 1 / 8 if unit in _BITS or unit.lower() in ("bit", "bit/s", "bits/s") else 1.0 if unit in _BYTES else None
+    if per_byte is None:
+        raise ValueError(f"bandwidth must be a number with a unit of bits ({', '.join(_BITS)}) or bytes "
+                         f"({', '.join(_BYTES)}) per second, with a prefix k, M, G or T, e.g. '10Gbit/s'; got {text!r}")
+    value = float(match.group(1)) * _PREFIXES[match.group(2).lower()] * per_byte
+    return _check_range(value, "bandwidth", text, False)
+
+
+def parse_count(text: str, argument: str) -> int:
+    """'25.6M' -> 25600000: a number of elements > 0, with an optional decimal suffix k, M, G or B
+    (10^9; either case); a ValueError naming `argument` where it is not a whole number > 0."""
+    match = re.fullmatch(rf"\s*{_NUMBER}\s*([a-zA-Z]?)\s*", str(text))
+    suffix = match.group(2).lower() if match else None
+    if suffix not in _COUNT_SUFFIXES:
+        raise ValueError(f"{argument} must be a number of elements, e.g. 126000000, 1.2e8 or 25.6M; got {text!r}")
+    value = float(match.group(1)) * _COUNT_SUFFIXES[suffix]
+    if not (math.isfinite(value) and value >= 1 and value == round(value) and value < 2**63):
+        raise ValueError(f"{argument} must be a whole number of elements >= 1, got {text!r}")
+    return int(round(value))
 
 
 @dataclass(frozen=True)
@@ -179,6 +209,37 @@ def overlapped_dense_iteration(compute_seconds: float, bucket_seconds, gamma: fl
 def compressed_iteration(compute_seconds: float, encode_decode_seconds: float, communication_seconds: float) -> float:
     """000 Appendix B: compression after the backward pass, T_comp + T_encode_decode + T_comm."""
     return compute_seconds + encode_decode_seconds + communication_seconds
+
+
+HOROVOD_FUSION_BYTES = 128 * 2**20  # Horovod 0.28.1's defaults (HOROVOD_FUSION_THRESHOLD,
+HOROVOD_CYCLE_SECONDS = 1e-3         # HOROVOD_CYCLE_TIME)
+
+
+def horovod_dense_finish(elements, ready_seconds, cluster: ClusterModel, *, element_bytes: int = 4,
+                         fusion_bytes: int = HOROVOD_FUSION_BYTES, cycle_seconds: float = HOROVOD_CYCLE_SECONDS) -> float:
+    """When stock Horovod's dense allreduce of the gradients ends, relative to the start of the
+    backward pass: 002's replay of its fusion buffer over the gradients' ready times (`elements`
+    and `ready_seconds` per gradient, in any order). Horovod's background loop wakes every
+    `cycle_seconds`; each time the network is free it fuses the gradients ready by then, in the
+    order they became ready, up to `fusion_bytes` (at least one), into one ring allreduce that also
+    pays `cluster.per_tensor` per gradient."""
+    if len(elements) != len(ready_seconds):
+        raise ValueError(f"need one ready time per gradient, got {len(ready_seconds)} for {len(elements)} gradients")
+    pairs = sorted(zip((float(t) for t in ready_seconds), (int(n) for n in elements)), key=lambda p: p[0])
+    ready, elements = [t for t, _ in pairs], [n for _, n in pairs]
+    k, free, i = cluster.workers, 0.0, 0
+    while i < len(elements):
+        aligned = math.ceil(ready[i] / cycle_seconds - 1e-9) * cycle_seconds if cycle_seconds > 0 else 0.0
+        start = max(free, ready[i], aligned)
+        fused, size = 0, 0
+        while i + fused < len(elements) and ready[i + fused] <= start and (
+                fused == 0 or size + element_bytes * elements[i + fused] <= fusion_bytes):
+            size += element_bytes * elements[i + fused]
+            fused += 1
+        bookkeeping = fused * cluster.per_tensor if k > 1 else 0.0
+        free = start + ring_allreduce(size, k, cluster.allreduce) + bookkeeping
+        i += fused
+    return max(free, ready[-1] if ready else 0.0)
 
 
 UNMEASURED = Network(0.0, 1e15)  # a network nobody measured: transfers on it take (almost) no time

@@ -1,4 +1,5 @@
-"""Thin glue that lets stock Horovod run tfcomp's exchange (installed by `import tfcomp`).
+"""Thin glue that lets stock Horovod run tfcomp's exchange (installed on the first use of a
+compressor or the optimizer through the `tfcomp` package).
 
 Horovod's `DistributedOptimizer`s (Keras and TF2) and `DistributedGradientTape` build their per-step
 reduction with `horovod.tensorflow._make_allreduce_grads_fn(...)`, and the Keras optimizer class

@@ -1,19 +1,29 @@
-"""What-if: the cost model's prediction of one step's gradient exchange, without a cluster.
+"""What-if: the cost model's prediction of a training step on a cluster you do not have.
 
-    python -m tfcomp.whatif --params 126000000 --workers 8 --latency 1ms --bandwidth 10Gbps \\
-        --compressor dragonn --ratio 0.001 [--encode-ms 12] [--compute-ms 80] [--json] [--plot out.png]
+    python -m tfcomp.whatif --params 25.6M --tensors 161 --workers 8 --latency 1ms --bandwidth 10Gbit/s \\
+        --compressor DRAGONN --ratio 0.001 --encode-ms 9 --decode-ms 3 --forward-ms 30 --backward-ms 60
     python -m tfcomp.whatif --profile model_profile.json ...   # see save_profile()
 
-For each strategy (dense ring allreduce, the compressor's allgather (or RandomK's allreduce), AR-Topk
-with ring and with tree reduction for the index-value sparsifiers) it prints the predicted
-communication, compression (encode + decode) and total time per step, all gradients merged into one
-bucket as MergeComp does (with a profile, the per-tensor costs of its tensors count), and the strategy it would choose. total = compute (--compute-ms, default
-0) + compression + communication. Without --encode-ms, the encode+decode time is measured here, on
-this machine, by the same pipeline calibration times (a few seconds; needs the op library).
---json prints {"strategies": [{"name", "communication_s", "compression_s", "total_s"}], "choice":
-name}; --plot draws the predicted step time of each strategy against bandwidth (0.1 to 100 Gbit/s).
-With --profile, the text output also shows the plan tfcomp would make for the model's tensors.
-Bad arguments exit with status 2 and a one-line message.
+It prices one step (forward, backward and the gradient exchange) four ways: stock Horovod's dense
+allreduce overlapping the backward pass (its fusion buffer replayed over the gradients' ready
+times, `tfcomp.cost_model.horovod_dense_finish`); every strategy the compressor has, all gradients
+in one bucket after the backward pass (dense ring allreduce, the compressor's allgather or
+allreduce, AR-Topk with ring and with tree reduction, which tfcomp itself does not run); and the
+plan tfcomp would make (`tfcomp.planning.make_plan`), exchanged after the backward pass as tfcomp's
+exchange runs it. The choice it prints is that plan, with its speed-up over stock Horovod.
+
+What compression costs is never measured behind your back: give --encode-ms (and --decode-ms), the
+milliseconds to encode and decode all the gradients once (priced per element for buckets of part of
+them), or --measure-here to time it now on this machine's CPU with the op library (a few seconds;
+that CPU is not your cluster's GPU). Every figure the prediction assumes is printed with it. Without
+ready times (a profile may give "ready_ms" per tensor), the gradients are assumed ready in backprop
+order in proportion to their elements over --backward-ms.
+
+--json prints {"inputs", "assumptions", "strategies": [{"name", "communication_s", "compression_s",
+"total_s", "runs_in_tfcomp"}], "horovod_total_s", "plan": {"buckets", "exchange_s", "total_s"},
+"choice", "speedup_over_horovod"}; --plot draws the predicted step time of each against bandwidth
+(0.1 to 100 Gbit/s) with the asked bandwidth marked. Only --measure-here imports TensorFlow. Bad
+arguments exit with status 2 and a one-line message.
 """
 
 from __future__ import annotations
@@ -25,10 +35,13 @@ import math
 import sys
 
 from tfcomp import cost_model as cm
+from tfcomp import planning
 
 __all__ = ["main", "predict", "save_profile"]
 
-_COMPRESSORS = ("dragonn", "dgc", "topk", "randomk", "efsignsgd", "qsgd")
+_COMPRESSORS = {"dragonn": "DRAGONN", "dgc": "DGC", "topk": "TopK", "randomk": "RandomK", "efsignsgd": "EFSignSGD",
+                "qsgd": "QSGD"}
+_SPARSIFIERS = ("dragonn", "dgc", "topk", "randomk")
 
 
 class _UsageError(Exception):
@@ -43,52 +56,67 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m tfcomp.whatif", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--params", type=int, help="number of float32 gradient elements")
+    source.add_argument("--params", help="float32 gradient elements, e.g. 126000000, 1.2e8 or 25.6M")
     source.add_argument("--profile", help="JSON profile of a Keras model (tfcomp.whatif.save_profile)")
+    parser.add_argument("--tensors", type=int, default=1,
+                        help="with --params: that many tensors of equal size, e.g. 161 for ResNet-50 (default 1)")
     parser.add_argument("--workers", type=int, default=8, help="number of workers (default 8)")
     parser.add_argument("--latency", default="50us", help="one-way latency, e.g. 1ms, 50us (default 50us)")
-    parser.add_argument("--bandwidth", default="10Gbps", help="bandwidth, e.g. 10Gbps, 400Mbps, 1.25GB/s (default 10Gbps)")
-    parser.add_argument("--compressor", default="dragonn", help=f"one of {', '.join(_COMPRESSORS)} (default dragonn)")
-    parser.add_argument("--ratio", type=float, default=0.001, help="fraction sent by the sparsifiers (default 0.001)")
-    parser.add_argument("--encode-ms", type=float, default=None,
-                        help="encode+decode milliseconds per step (default: measured on this machine); 0 allowed")
-    parser.add_argument("--compute-ms", type=float, default=0.0, help="forward+backward milliseconds per step (default 0)")
+    parser.add_argument("--bandwidth", default="10Gbit/s",
+                        help="per-worker bandwidth, e.g. 10Gbit/s, 10Gbps, 400Mbps, 1.25GB/s (default 10Gbit/s)")
+    parser.add_argument("--compressor", default="dragonn",
+                        help=f"one of {', '.join(_COMPRESSORS)}, any case (default dragonn)")
+    parser.add_argument("--ratio", type=float, default=0.001,
+                        help=f"fraction sent by the sparsifiers ({', '.join(_SPARSIFIERS)}; default 0.001)")
+    costs = parser.add_mutually_exclusive_group()
+    costs.add_argument("--encode-ms", type=float, help="milliseconds to encode all the gradients once, on your devices")
+    costs.add_argument("--measure-here", action="store_true",
+                       help="time encode and decode now on this machine's CPU (imports TensorFlow; a few seconds)")
+    parser.add_argument("--decode-ms", type=float, default=0.0,
+                        help="milliseconds to decode all workers' payloads once, with --encode-ms (default 0)")
+    parser.add_argument("--forward-ms", type=float, default=0.0, help="forward pass milliseconds per step (default 0)")
+    parser.add_argument("--backward-ms", type=float, default=0.0,
+                        help="backward pass milliseconds per step, which stock Horovod's allreduce overlaps (default 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="FILE.png", help="draw predicted step time against bandwidth")
     return parser
 
 
 def _make_compressor(name: str, ratio: float):
-    import tfcomp
+    from tfcomp import compressors  # settings and payload sizes only: TensorFlow stays unloaded
 
-    if name not in _COMPRESSORS:
+    key = name.lower()
+    if key not in _COMPRESSORS:
         raise _UsageError(f"--compressor must be one of {', '.join(_COMPRESSORS)}, got {name!r}")
-    if name in ("efsignsgd", "qsgd"):
-        return {"efsignsgd": tfcomp.EFSignSGD, "qsgd": tfcomp.QSGD}[name]()
-    classes = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC, "topk": tfcomp.TopK, "randomk": tfcomp.RandomK}
+    cls = getattr(compressors, _COMPRESSORS[key])
     try:
-        return classes[name](ratio)
+        return cls(ratio) if key in _SPARSIFIERS else cls()
     except ValueError as error:
         raise _UsageError(f"--ratio: {error}") from None
 
 
 def save_profile(model, path: str) -> None:
-    """Writes {"tensors": [{"name", "elements"}]} for the model's trainable variables, in order."""
+    """Writes {"tensors": [{"name", "elements"}]} for the model's trainable variables, in order. A
+    tensor may also carry "ready_ms": when its gradient is ready, from the start of the backward pass."""
     tensors = [{"name": v.name, "elements": int(v.shape.num_elements())} for v in model.trainable_variables]
     with open(path, "w") as f:
         json.dump({"tensors": tensors}, f, indent=1)
 
 
-def _load_profile(path: str) -> list:
+def _load_profile(path: str) -> tuple:
+    """([(name, elements)] in variable order, [ready seconds] in the same order or None)."""
     try:
         with open(path) as f:
             tensors = json.load(f)["tensors"]
         sizes = [(str(t["name"]), int(t["elements"])) for t in tensors]
+        ready = [float(t["ready_ms"]) / 1e3 for t in tensors] if all("ready_ms" in t for t in tensors) else None
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise _UsageError(f"--profile {path!r} is not a readable profile ({error})") from None
     if not sizes or any(n <= 0 for _, n in sizes):
         raise _UsageError(f"--profile {path!r} must list tensors with elements > 0")
-    return sizes
+    if ready is not None and not all(math.isfinite(t) and t >= 0 for t in ready):
+        raise _UsageError(f"--profile {path!r}: ready_ms must be numbers of milliseconds >= 0")
+    return sizes, ready
 
 
 def _strategies(compressor) -> list:
@@ -106,31 +134,71 @@ def _strategies(compressor) -> list:
 
 def predict(elements: int, compressor, cluster: cm.ClusterModel, compute_seconds: float = 0.0,
             tensors: int = 1) -> dict:
-    """{"strategies": [...], "choice": name} for one bucket of `tensors` gradients, `elements` float32."""
+    """{"strategies": [{"name", "communication_s", "compression_s", "total_s", "runs_in_tfcomp"}]}
+    for one bucket of `tensors` gradients, `elements` float32, exchanged after `compute_seconds`."""
     rows = []
     for name, strategy, tree in _strategies(compressor):
         t = cm.strategy_time(strategy, elements, compressor, cluster, tree=tree, tensors=tensors)
         rows.append({"name": name, "communication_s": t.communication, "compression_s": t.compression,
-                     "total_s": compute_seconds + t.total})
-    choice = min(rows, key=lambda r: r["total_s"])["name"]  # the first (dense) on ties
-    return {"strategies": rows, "choice": choice}
+                     "total_s": compute_seconds + t.total, "runs_in_tfcomp": not tree})
+    return {"strategies": rows}
 
 
-def _cluster(args, network: cm.Network, compressor, tensors: list) -> cm.ClusterModel:
-    """The model the prediction uses: `network` for both collectives, and the compression's figures
-    from --encode-ms (all of it, per bucket) or measured here on `tensors` ([(name, elements)])."""
+def _ready_times(sizes: list, backward: float) -> list:
+    """Seconds from the start of the backward pass at which each gradient (backprop order) is ready,
+    assumed in proportion to the elements computed so far."""
+    total, done, ready = sum(sizes), 0, []
+    for n in sizes:
+        done += n
+        ready.append(backward * done / total)
+    return ready
+
+
+def _prediction(tensors: list, ready: list, compressor, cluster: cm.ClusterModel, forward: float,
+                backward: float) -> dict:
+    """Every figure of the output but the inputs: `tensors` [(name, elements)] and `ready` seconds
+    in backprop order."""
+    sizes = [n for _, n in tensors]
+    result = predict(sum(sizes), compressor, cluster, forward + backward, tensors=len(sizes))
+    horovod_finish = cm.horovod_dense_finish(sizes, ready, cluster, element_bytes=compressor.dense_element_bytes)
+    plan = planning.make_plan([(i, name, n) for i, (name, n) in enumerate(tensors)], compressor, cluster)
+    exchange = planning.predicted_exchange_time(plan)
+    strategies = sorted({b.strategy for b in plan.buckets})
+    result.update(
+        horovod_total_s=forward + max(backward, horovod_finish),
+        plan={"buckets": [{"strategy": b.strategy, "elements": b.elements, "tensors": len(b.positions)}
+                          for b in plan.buckets],
+              "exchange_s": exchange, "total_s": forward + backward + exchange},
+        choice=strategies[0] if len(strategies) == 1 else "mixed: " + "+".join(strategies))
+    result["speedup_over_horovod"] = result["horovod_total_s"] / result["plan"]["total_s"]
+    return result, plan
+
+
+def _compression_cluster(args, network: cm.Network, compressor, sizes: list) -> tuple:
+    """The cluster model and the sentence saying what its compression costs assume."""
     cluster = cm.ClusterModel(args.workers, network, network, cm.AffineCost(0.0, 0.0))
-    if args.encode_ms is not None:
-        if not (math.isfinite(args.encode_ms) and args.encode_ms >= 0):
-            raise _UsageError(f"--encode-ms must be a number of milliseconds >= 0, got {args.encode_ms!r}")
-        return dataclasses.replace(cluster, encode_decode=cm.AffineCost(args.encode_ms / 1e3, 0.0))
-    from tfcomp import calibration
+    if cm.available_strategies(compressor) == ("dense",):
+        return cluster, "compression: none (a dense compressor)"
+    if args.measure_here:
+        from tfcomp import calibration
 
-    sizes = [n for _, n in reversed(tensors)]  # backprop order
-    return calibration.measure_compression(compressor, args.workers, sum(sizes), tensor_elements=sizes).apply(cluster)
+        figures = calibration.measure_compression(compressor, args.workers, sum(sizes), tensor_elements=sizes)
+        return figures.apply(cluster), (
+            f"compression: measured just now on this machine's CPU, {args.workers} workers' payloads decoded: "
+            f"{1e3 * figures.encode_decode.c0:.3f} ms + {1e9 * figures.encode_decode.c1:.3f} ns per element per "
+            f"bucket, {1e3 * figures.per_tensor:.3f} ms per tensor, {1e3 * figures.fixed:.3f} ms per step")
+    if args.encode_ms is None:
+        raise _UsageError("say what compression costs on your devices: --encode-ms (and --decode-ms), or "
+                          "--measure-here to time it on this machine's CPU")
+    seconds = _checked_ms("--encode-ms", args.encode_ms) + _checked_ms("--decode-ms", args.decode_ms)
+    cluster = dataclasses.replace(cluster, encode_decode=cm.AffineCost(0.0, seconds / sum(sizes)))
+    return cluster, (f"compression: {args.encode_ms:g} ms encode + {args.decode_ms:g} ms decode for all "
+                     f"{sum(sizes):,} elements (--encode-ms, --decode-ms), {1e9 * seconds / sum(sizes):.3f} ns per "
+                     "element in any bucket, nothing per tensor or per step")
 
 
-def _plot(path: str, elements: int, tensors: int, compressor, cluster: cm.ClusterModel, compute_seconds: float) -> None:
+def _plot(path: str, tensors: list, ready: list, compressor, cluster: cm.ClusterModel, forward: float,
+          backward: float, asked: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,25 +208,32 @@ def _plot(path: str, elements: int, tensors: int, compressor, cluster: cm.Cluste
     curves = {}
     for g in gbits:
         net = cm.Network(cluster.allreduce.latency, g * 1e9 / 8)
-        shifted = dataclasses.replace(cluster, allreduce=net, allgather=net)
-        for row in predict(elements, compressor, shifted, compute_seconds, tensors)["strategies"]:
-            curves.setdefault(row["name"], []).append(1e3 * row["total_s"])
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+        result, _ = _prediction(tensors, ready, compressor, dataclasses.replace(cluster, allreduce=net, allgather=net),
+                                forward, backward)
+        curves.setdefault("stock Horovod (overlapped)", []).append(1e3 * result["horovod_total_s"])
+        curves.setdefault("tfcomp plan", []).append(1e3 * result["plan"]["total_s"])
+        for row in result["strategies"]:
+            curves.setdefault(f"one bucket, {row['name']}", []).append(1e3 * row["total_s"])
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for name, ms in curves.items():
-        ax.plot(gbits, ms, label=name)
+        ax.plot(gbits, ms, label=name, linewidth=2.5 if name == "tfcomp plan" else 1.2,
+                linestyle="--" if name.startswith("one bucket") else "-")
+    ax.axvline(asked * 8 / 1e9, color="grey", linestyle=":", label=f"asked: {asked * 8 / 1e9:g} Gbit/s")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("bandwidth (Gbit/s)")
+    ax.set_xlabel("per-worker bandwidth (Gbit/s)")
     ax.set_ylabel("predicted step time (ms)")
-    ax.set_title(f"{elements:,} float32 gradients, {cluster.workers} workers, {compressor.__class__.__name__}")
+    ax.set_title(f"{sum(n for _, n in tensors):,} gradients, {cluster.workers} workers, {type(compressor).__name__}, "
+                 f"compute {1e3 * (forward + backward):g} ms", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-_VALUE_FLAGS = ("--params", "--workers", "--latency", "--bandwidth", "--ratio", "--encode-ms", "--compute-ms")
+_VALUE_FLAGS = ("--params", "--tensors", "--workers", "--latency", "--bandwidth", "--ratio", "--encode-ms", "--decode-ms",
+                "--forward-ms", "--backward-ms")
 
 
 def _attach_values(argv) -> list:
@@ -173,43 +248,78 @@ def _attach_values(argv) -> list:
     return out
 
 
+def _checked_ms(flag: str, value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise _UsageError(f"{flag} must be a number of milliseconds >= 0, got {value!r}")
+    return value / 1e3
+
+
+def _text(args, tensors: list, compressor, assumptions: list, result: dict, plan) -> str:
+    elements = sum(n for _, n in tensors)
+    lines = [f"{elements:,} float32 gradients in {len(tensors)} tensors, {args.workers} workers, {args.latency} "
+             f"latency, {args.bandwidth} per worker, {compressor!r}"]
+    lines += [f"assumed {a}" for a in assumptions]
+    lines.append(f"{'one bucket after the backward pass':40s} {'communication ms':>17s} {'compression ms':>15s} "
+                 f"{'step ms':>10s}")
+    for row in result["strategies"]:
+        name = row["name"] + ("" if row["runs_in_tfcomp"] else " (tfcomp does not run it)")
+        lines.append(f"  {name:38s} {1e3 * row['communication_s']:17.3f} {1e3 * row['compression_s']:15.3f} "
+                     f"{1e3 * row['total_s']:10.3f}")
+    lines.append(f"{'stock Horovod, overlapping the backward pass':73s} {1e3 * result['horovod_total_s']:10.3f}")
+    lines.append(f"{'tfcomp plan (below), after the backward pass':73s} {1e3 * result['plan']['total_s']:10.3f}")
+    lines.append(f"choice: {result['choice']}, {result['speedup_over_horovod']:.2f}x the speed of stock Horovod")
+    lines.append(plan.table())
+    return "\n".join(lines)
+
+
 def _run(argv) -> int:
     args = _parser().parse_args(_attach_values(argv))
     try:
         network = cm.Network(cm.parse_latency(args.latency), cm.parse_bandwidth(args.bandwidth))
+        params = None if args.params is None else cm.parse_count(args.params, "--params")
     except ValueError as error:
         raise _UsageError(str(error)) from None
     if args.workers < 1:
         raise _UsageError(f"--workers must be an integer >= 1, got {args.workers}")
-    if not (math.isfinite(args.compute_ms) and args.compute_ms >= 0):
-        raise _UsageError(f"--compute-ms must be a number of milliseconds >= 0, got {args.compute_ms!r}")
-    if args.params is not None and args.params <= 0:
-        raise _UsageError(f"--params must be a number of elements > 0, got {args.params}")
-    tensors = [("params", args.params)] if args.params is not None else _load_profile(args.profile)
-    elements = sum(n for _, n in tensors)
+    forward, backward = _checked_ms("--forward-ms", args.forward_ms), _checked_ms("--backward-ms", args.backward_ms)
+    if args.decode_ms and args.encode_ms is None:
+        raise _UsageError("--decode-ms goes with --encode-ms")
+    if args.tensors < 1 or (params is not None and args.tensors > params):
+        raise _UsageError(f"--tensors must be an integer from 1 to --params, got {args.tensors}")
+    if params is not None:
+        named, ready = [(f"params_{i}", params // args.tensors + (i < params % args.tensors))
+                        for i in range(args.tensors)], None
+    else:
+        named, ready = _load_profile(args.profile)
+    tensors = list(reversed(named))  # backprop order
+    assumptions = []
+    if ready is None:
+        ready = _ready_times([n for _, n in tensors], backward)
+        if backward > 0:
+            assumptions.append(f"gradients ready in backprop order in proportion to their elements over the "
+                               f"{args.backward_ms:g} ms backward pass")
+    else:
+        ready = list(reversed(ready))
+        assumptions.append("gradients ready at the profile's ready_ms")
     compressor = _make_compressor(args.compressor, args.ratio)
     try:
-        cluster = _cluster(args, network, compressor, tensors)
+        cluster, compression = _compression_cluster(args, network, compressor, [n for _, n in tensors])
+        result, plan = _prediction(tensors, ready, compressor, cluster, forward, backward)
     except ValueError as error:  # figures beyond what a cluster model accepts (cost_model.CLUSTER_LIMITS)
         raise _UsageError(str(error)) from None
-    result = predict(elements, compressor, cluster, args.compute_ms / 1e3, tensors=len(tensors))
+    assumptions.insert(0, compression)
+    assumptions.append(f"stock Horovod fuses up to {cm.HOROVOD_FUSION_BYTES // 2**20} MiB every "
+                       f"{1e3 * cm.HOROVOD_CYCLE_SECONDS:g} ms; the network is the asked one for every collective")
     if args.json:
-        print(json.dumps(result))
+        inputs = {"elements": sum(n for _, n in tensors), "tensors": len(tensors), "workers": args.workers,
+                  "latency_s": network.latency, "bandwidth_bytes_per_s": network.bandwidth,
+                  "compressor": repr(compressor), "forward_s": forward, "backward_s": backward,
+                  "encode_ms": args.encode_ms, "decode_ms": args.decode_ms, "measure_here": args.measure_here}
+        print(json.dumps({"inputs": inputs, "assumptions": assumptions, **result}))
     else:
-        print(f"{elements:,} float32 gradients, {args.workers} workers, {args.latency} latency, {args.bandwidth}, "
-              f"{compressor!r}")
-        print(f"{'strategy':22s} {'communication ms':>17s} {'compression ms':>15s} {'total ms':>10s}")
-        for row in result["strategies"]:
-            print(f"{row['name']:22s} {1e3 * row['communication_s']:17.3f} {1e3 * row['compression_s']:15.3f} "
-                  f"{1e3 * row['total_s']:10.3f}")
-        print(f"choice: {result['choice']}")
-        if args.profile is not None:
-            from tfcomp import planning
-
-            backprop = [(i, name, n) for i, (name, n) in reversed(list(enumerate(tensors)))]
-            print(planning.make_plan(backprop, compressor, cluster).table())
+        print(_text(args, named, compressor, assumptions, result, plan))
     if args.plot:
-        _plot(args.plot, elements, len(tensors), compressor, cluster, args.compute_ms / 1e3)
+        _plot(args.plot, tensors, ready, compressor, cluster, forward, backward, network.bandwidth)
     return 0
 
 
