@@ -155,6 +155,20 @@ def test_compression_measured_in_two_stages(monkeypatch, answer):
         assert len(timed) == 1 and figures == asked[0]
 
 
+def test_probes_compress_with_the_costs_settings_only(monkeypatch):
+    """A compressor with warm-up steps is timed compressing (its warm-up would send the probes
+    dense), whatever its planning settings; the compressor itself is left as it was."""
+    probed = []
+    original = calibration._exchange_probe
+    monkeypatch.setattr(calibration, "_exchange_probe",
+                        lambda compressor, *args: probed.append(compressor) or original(compressor, *args))
+    compressor = tfcomp.DGC(0.01, warmup_steps=10**6, strategy="allgather", min_elements=2**20, momentum=0.9)
+    calibration.measure_compression(compressor, 2, 2**16)
+    assert probed and all(p.warmup_steps == 0 and p.strategy is None and p.min_elements == 1024 for p in probed)
+    assert all(p.momentum == 0.9 and p.ratio == 0.01 and type(p) is tfcomp.DGC for p in probed)
+    assert (compressor.warmup_steps, compressor.strategy, compressor.min_elements) == (10**6, "allgather", 2**20)
+
+
 MERGED_FALLBACK = calibration._merge_probe(2**20)  # 2^20 elements as 8 tensors
 
 
@@ -246,6 +260,13 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
 
     assert key(2**20) == key(2**20)
     assert key(2**20) != key(2**20, ratio=0.02)
+    # Settings that choose buckets, not what compressing costs, share the figures; the costs' own do not.
+    unrelated = tfcomp.DRAGONN(0.01, warmup_steps=50, min_elements=7, planning="off", strategy="artopk",
+                               artopk_owner="var")
+    assert calibration.cache_key(unrelated, ps, 2**20) == key(2**20)
+    for related in (tfcomp.DRAGONN(0.01, num_samples=4096), tfcomp.DRAGONN(0.01, momentum=0.9),
+                    tfcomp.DRAGONN(0.01, error_feedback=False), tfcomp.DGC(0.01)):
+        assert calibration.cache_key(related, ps, 2**20) != key(2**20), related
     assert key(2**20) != key(2**20 + 4)  # a probe's size changes
     # Below 1 MiB and above 2^25 elements the probes are the same size.
     assert key(10) == key(2**17)

@@ -37,6 +37,7 @@ size the probes); a change of any of them measures again.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import json
@@ -52,12 +53,13 @@ import tensorflow as tf
 from absl import logging
 
 from tfcomp.collectives import HorovodCollectives, LocalCollectives
+from tfcomp.compressors import DEFAULT_MIN_ELEMENTS
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 from tfcomp.memory import ExchangeState
 from tfcomp.planning import Bucket, Plan, make_plan, predicted_exchange_time
 from tfcomp.step import StepGraph
 
-__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "calibrate", "measure_compression"]
+__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "calibrate", "cost_settings", "measure_compression"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
@@ -238,6 +240,20 @@ def _measure_networks(process_set, elements: int) -> ClusterModel:
                         AffineCost(0.0, 0.0), float(per_tensor))
 
 
+def cost_settings(compressor):
+    """`compressor` less the settings that do not change what compressing costs: a copy with no
+    warm-up (whose dense steps the probes would otherwise time instead of compression), the
+    default planning, strategy and min_elements (which choose buckets, not their cost) and, for
+    AR-Topk, the round-robin owner (the probes use the compressor's own collective). What the
+    probes run and what the cache is keyed by, so that changing those settings measures nothing
+    again."""
+    probe = copy.copy(compressor)
+    probe.warmup_steps, probe.planning, probe.strategy, probe.min_elements = 0, "auto", None, DEFAULT_MIN_ELEMENTS
+    if hasattr(probe, "artopk_owner"):
+        probe.artopk_owner = "star"
+    return probe
+
+
 def _exchange_probe(compressor, network: ClusterModel, collectives, buckets) -> tuple:
     """(callable, modelled seconds): one exchange call, as one graph, whose plan is `buckets`
     (lists of tensor sizes), each compressed with the compressor's own collective, and the
@@ -340,6 +356,7 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     whether compression could pay with costs that low), the smallest and the largest probe are
     timed first; where it says no, those lower bounds are returned (`complete` False) and nothing
     more is measured: no further cost could make compression pay."""
+    compressor = cost_settings(compressor)
     if collectives is None:
         collectives = LocalCollectives(num_workers)
         network = ClusterModel.unpriced(num_workers)
@@ -380,7 +397,8 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
 
 
 def cache_key(compressor, process_set, max_elements: int, tensor_elements=()) -> str:
-    """What the cached figures depend on; any change measures again. Of `max_elements` (the
+    """What the cached figures depend on; any change measures again: the host, its CPU, the world
+    layout, TensorFlow's and tfcomp's versions, the compressor's `cost_settings`, and of `max_elements` (the
     gradients' size) and `tensor_elements` (their tensors' sizes), the probe sizes they give: these
     follow the size from 2^18 to 2^23 elements, and the merge probe is the tensors' own list
     where `_merge_probe` takes it."""
@@ -388,7 +406,7 @@ def cache_key(compressor, process_set, max_elements: int, tensor_elements=()) ->
     largest = _largest_compression_probe(max_elements)
     probes = (*_network_probe_elements(max_elements), largest, _merge_probe(largest, tensor_elements))
     parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count()), str(layout),
-             tf.__version__, _tfcomp_version(), repr(compressor), str(probes)]
+             tf.__version__, _tfcomp_version(), repr(cost_settings(compressor)), str(probes)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 

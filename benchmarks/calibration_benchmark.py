@@ -1,0 +1,136 @@
+"""Calibration's time and steadiness on the emulated cluster: fresh calibrations, one job each.
+
+    python -m benchmarks.calibration_benchmark [--hosts=4] [--models=cnn,vit] [--rates=1gbit,none]
+        [--runs=5] [--config=dragonn_0.01] [--out_dir=benchmarks/results]
+
+Needs root (benchmarks/cluster.py). For each run, model and rate (interleaved: every model and rate
+once before the next run), one `horovodrun` job on --hosts emulated hosts, one worker each, builds
+the model of `examples.models` and calibrates tfcomp for its gradients exactly as the exchange's
+first step does (`tfcomp.calibration.calibrate` with the gradients' sizes in backprop order, the
+compressor of `benchmarks.tta_worker` for --config, one TensorFlow thread, no cache). Each job is a
+fresh process, so every run pays what a job's first step pays. It reports per model and rate the
+calibration seconds and the figures calibrated (median, min, max and spread = (max - min) / median
+of the per-element compression cost c1 and the fixed cost), and the plan each run made, and writes
+calibration_benchmark.json (every run) and calibration_benchmark.md into --out_dir.
+"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+__all__ = []
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs the jobs; worker: one calibration.")
+flags.DEFINE_integer("hosts", 4, "Emulated hosts, one worker each.")
+flags.DEFINE_list("models", ["cnn", "vit"], "Models of examples/models.py.")
+flags.DEFINE_list("rates", ["1gbit", "none"], "Link rates per host ('none': unshaped).")
+flags.DEFINE_integer("runs", 5, "Fresh calibrations per model and rate.")
+flags.DEFINE_string("config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_worker.py.")
+flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+flags.DEFINE_string("model", "cnn", "Worker: the model.")
+flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its record.")
+
+
+def _worker() -> None:
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    from benchmarks.tta_worker import MODEL_OPTIMIZERS, make_compression
+    from examples.models import build_model
+    from tfcomp import calibration, planning
+
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    compressor, _ = make_compression(FLAGS.config, MODEL_OPTIMIZERS[FLAGS.model][0] == "sgd")
+    model = build_model(FLAGS.model, (28, 28, 1), 10)
+    tensors = [(i, v.name, int(v.shape.num_elements())) for i, v in reversed(list(enumerate(model.trainable_variables)))]
+    sizes = [n for _, _, n in tensors]
+    start = time.perf_counter()
+    cluster = calibration.calibrate(compressor, hvd.global_process_set, max_elements=sum(sizes), tensor_elements=sizes)
+    seconds = time.perf_counter() - start
+    plan = planning.make_plan(tensors, compressor, cluster)
+    if hvd.rank() == 0 and FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump({"seconds": seconds, "figures": cluster.to_list(), "parameters": sum(sizes),
+                       "tensors": len(sizes), "plan": [[b.strategy, len(b.positions), b.elements] for b in plan.buckets],
+                       "predicted_exchange_s": planning.predicted_exchange_time(plan)}, f)
+
+
+def _run_one(cluster, model: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "run.json")
+        command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.calibration_benchmark",
+                                               "--role=worker", f"--model={model}", f"--config={FLAGS.config}",
+                                               f"--json_out={out}"]
+        done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": "none", "TF_CPP_MIN_LOG_LEVEL": "2"},
+                           timeout=600, capture=True)
+        if done.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"{model}: exit {done.returncode}\n{(done.stdout or '')[-2000:]}{(done.stderr or '')[-2000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def _spread(values) -> str:
+    median = statistics.median(values)
+    return (f"{median:.3g} ({min(values):.3g} to {max(values):.3g}, spread "
+            f"{(max(values) - min(values)) / median:.0%})" if median > 0 else "0")
+
+
+def summarise(runs: list) -> str:
+    """Markdown: per model and rate, calibration seconds and the figures' medians and spreads."""
+    lines = ["| model | rate | runs | calibration s | c1 ns/element | fixed ms | allreduce Gbit/s | plans |",
+             "|---|---|---|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in runs):
+        for rate in dict.fromkeys(r["rate"] for r in runs):
+            group = [r for r in runs if r["model"] == model and r["rate"] == rate]
+            if not group:
+                continue
+            figures = [r["figures"] for r in group]  # ClusterModel.to_list order
+            plans = sorted({"+".join(f"{s}x{n}" for s, n, _ in r["plan"]) for r in group})
+            lines.append(f"| {model} | {rate} | {len(group)} | {_spread([r['seconds'] for r in group])} | "
+                         f"{_spread([1e9 * f[6] for f in figures])} | {_spread([1e3 * f[10] for f in figures])} | "
+                         f"{_spread([8 * f[2] / 1e9 for f in figures])} | {'; '.join(plans)} |")
+    return "\n".join(lines)
+
+
+def _launcher() -> None:
+    from benchmarks.cluster import Cluster, cluster_unavailable_reason
+
+    reason = cluster_unavailable_reason()
+    if reason:
+        sys.exit(f"calibration_benchmark: {reason}")
+    out_dir = Path(FLAGS.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    with Cluster(hosts=FLAGS.hosts, rate=None) as cluster:
+        for run in range(FLAGS.runs):
+            for model in FLAGS.models:
+                for rate in FLAGS.rates:
+                    cluster.set_rate(None if rate == "none" else rate)
+                    record = _run_one(cluster, model)
+                    record.update(model=model, rate=rate, run=run)
+                    runs.append(record)
+                    print(f"run {run} {model} {rate}: {record['seconds']:.2f} s, c1 {1e9 * record['figures'][6]:.2f} "
+                          f"ns, plan {record['plan']}", flush=True)
+    (out_dir / "calibration_benchmark.json").write_text(json.dumps({"hosts": FLAGS.hosts, "config": FLAGS.config,
+                                                                     "runs": runs}, indent=1))
+    text = summarise(runs)
+    (out_dir / "calibration_benchmark.md").write_text(text + "\n")
+    print(text)
+
+
+def main(argv):
+    del argv
+    _worker() if FLAGS.role == "worker" else _launcher()
+
+
+if __name__ == "__main__":
+    app.run(main)
