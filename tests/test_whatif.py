@@ -78,6 +78,22 @@ def test_stock_horovod_overlaps_the_backward_pass_and_the_tfcomp_plan_does_not(r
     assert any("backprop order in proportion" in a for a in out["assumptions"])
 
 
+def test_profile_ready_times_drive_the_horovod_replay(tmp_path, rng):
+    """A profile's ready_ms (variable order) are the gradients' ready times: the last one ready
+    bounds stock Horovod's step from below, whatever order they come in."""
+    sizes = [int(n) for n in rng.integers(10**4, 10**6, 6)]
+    ready_ms = [float(t) for t in rng.uniform(1, 80, 6)]
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"tensors": [{"name": f"v{i}", "elements": n, "ready_ms": t}
+                                               for i, (n, t) in enumerate(zip(sizes, ready_ms))]}))
+    out = json.loads(run("--profile", str(profile), "--workers", "4", "--bandwidth", "10Gbit/s", "--encode-ms", "1",
+                         "--backward-ms", "80", "--json").stdout)
+    cluster = cm.ClusterModel(4, cm.Network(50e-6, 1.25e9), cm.Network(50e-6, 1.25e9), cm.AffineCost(0.0, 0.0))
+    assert out["horovod_total_s"] == pytest.approx(max(0.08, cm.horovod_dense_finish(sizes, [t / 1e3 for t in ready_ms],
+                                                                                     cluster)))
+    assert out["assumptions"][1] == "gradients ready at the profile's ready_ms"
+
+
 def test_measure_here_times_compression_on_this_machine_and_plot_is_drawn(tmp_path):
     plot = tmp_path / "whatif.png"
     result = run("--params", "300000", "--workers", "2", "--bandwidth", "1Gbps", "--compressor", "topk",
