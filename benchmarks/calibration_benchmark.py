@@ -1,13 +1,13 @@
 """Calibration's time and steadiness on the emulated cluster: fresh calibrations, one job each.
 
     python -m benchmarks.calibration_benchmark [--hosts=4] [--models=cnn,vit] [--rates=1gbit,none]
-        [--runs=5] [--config=dragonn_0.01] [--out_dir=benchmarks/results]
+        [--runs=5] [--compressor_config=dragonn_0.01] [--out_dir=benchmarks/results]
 
 Needs root (benchmarks/cluster.py). For each run, model and rate (interleaved: every model and rate
 once before the next run), one `horovodrun` job on --hosts emulated hosts, one worker each, builds
 the model of `examples.models` and calibrates tfcomp for its gradients exactly as the exchange's
 first step does (`tfcomp.calibration.calibrate` with the gradients' sizes in backprop order, the
-compressor of `benchmarks.tta_worker` for --config, one TensorFlow thread, no cache). Each job is a
+compressor of `benchmarks.tta_worker` for --compressor_config, one TensorFlow thread, no cache). Each job is a
 fresh process, so every run pays what a job's first step pays. It reports per model and rate the
 calibration seconds and the figures calibrated (median, min, max and spread = (max - min) / median
 of the per-element compression cost c1 and the fixed cost), and the plan each run made, and writes
@@ -32,10 +32,10 @@ flags.DEFINE_integer("hosts", 4, "Emulated hosts, one worker each.")
 flags.DEFINE_list("models", ["cnn", "vit"], "Models of examples/models.py.")
 flags.DEFINE_list("rates", ["1gbit", "none"], "Link rates per host ('none': unshaped).")
 flags.DEFINE_integer("runs", 5, "Fresh calibrations per model and rate.")
-flags.DEFINE_string("config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_worker.py.")
+flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_worker.py.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
-flags.DEFINE_string("model", "cnn", "Worker: the model.")
-flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its record.")
+flags.DEFINE_string("calibrated_model", "cnn", "Worker: the model (benchmarks.tta_worker's flags are its own).")
+flags.DEFINE_string("record", None, "Worker: where rank 0 writes its record.")
 
 
 def _worker() -> None:
@@ -49,16 +49,16 @@ def _worker() -> None:
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    compressor, _ = make_compression(FLAGS.config, MODEL_OPTIMIZERS[FLAGS.model][0] == "sgd")
-    model = build_model(FLAGS.model, (28, 28, 1), 10)
+    compressor, _ = make_compression(FLAGS.compressor_config, MODEL_OPTIMIZERS[FLAGS.calibrated_model][0] == "sgd")
+    model = build_model(FLAGS.calibrated_model, (28, 28, 1), 10)
     tensors = [(i, v.name, int(v.shape.num_elements())) for i, v in reversed(list(enumerate(model.trainable_variables)))]
     sizes = [n for _, _, n in tensors]
     start = time.perf_counter()
     cluster = calibration.calibrate(compressor, hvd.global_process_set, max_elements=sum(sizes), tensor_elements=sizes)
     seconds = time.perf_counter() - start
     plan = planning.make_plan(tensors, compressor, cluster)
-    if hvd.rank() == 0 and FLAGS.json_out:
-        with open(FLAGS.json_out, "w") as f:
+    if hvd.rank() == 0 and FLAGS.record:
+        with open(FLAGS.record, "w") as f:
             json.dump({"seconds": seconds, "figures": cluster.to_list(), "parameters": sum(sizes),
                        "tensors": len(sizes), "plan": [[b.strategy, len(b.positions), b.elements] for b in plan.buckets],
                        "predicted_exchange_s": planning.predicted_exchange_time(plan)}, f)
@@ -68,8 +68,8 @@ def _run_one(cluster, model: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run.json")
         command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.calibration_benchmark",
-                                               "--role=worker", f"--model={model}", f"--config={FLAGS.config}",
-                                               f"--json_out={out}"]
+                                               "--role=worker", f"--calibrated_model={model}",
+                                               f"--compressor_config={FLAGS.compressor_config}", f"--record={out}"]
         done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": "none", "TF_CPP_MIN_LOG_LEVEL": "2"},
                            timeout=600, capture=True)
         if done.returncode != 0 or not os.path.exists(out):
@@ -120,7 +120,7 @@ def _launcher() -> None:
                     runs.append(record)
                     print(f"run {run} {model} {rate}: {record['seconds']:.2f} s, c1 {1e9 * record['figures'][6]:.2f} "
                           f"ns, plan {record['plan']}", flush=True)
-    (out_dir / "calibration_benchmark.json").write_text(json.dumps({"hosts": FLAGS.hosts, "config": FLAGS.config,
+    (out_dir / "calibration_benchmark.json").write_text(json.dumps({"hosts": FLAGS.hosts, "config": FLAGS.compressor_config,
                                                                      "runs": runs}, indent=1))
     text = summarise(runs)
     (out_dir / "calibration_benchmark.md").write_text(text + "\n")

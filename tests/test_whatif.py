@@ -141,6 +141,32 @@ def test_profile_of_a_keras_model(tmp_path):
     assert "2,011,010 float32 gradients" in result.stdout and "tfcomp plan for" in result.stdout
 
 
+def test_profile_with_measured_step_times(tmp_path):
+    """save_profile with a batch times the step here: every gradient ready after the forward pass,
+    in backprop order, the last at the backward pass's end; the what-if takes those times."""
+    import numpy as np
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(512, activation="relu", input_shape=(256,)),
+                                 tf.keras.layers.Dense(512, activation="relu"), tf.keras.layers.Dense(10)])
+    rng = np.random.default_rng(7)
+    batch = (rng.standard_normal((64, 256)).astype(np.float32), rng.integers(0, 10, 64))
+    loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    path = tmp_path / "profile.json"
+    whatif.save_profile(model, str(path), batch=batch, loss=loss, steps=3)
+    profile = json.loads(path.read_text())
+    ready = [t["ready_ms"] for t in profile["tensors"]]
+    assert profile["forward_ms"] > 0 and all(t > 0 for t in ready)
+    assert ready[::-1] == sorted(ready) and profile["backward_ms"] == max(ready)
+    out = json.loads(run("--profile", str(path), "--workers", "2", "--encode-ms", "1", "--json").stdout)
+    assert out["inputs"]["forward_s"] == pytest.approx(profile["forward_ms"] / 1e3)
+    assert out["inputs"]["backward_s"] == pytest.approx(profile["backward_ms"] / 1e3)
+    assert any(a.startswith("forward pass") for a in out["assumptions"])
+    assert "gradients ready at the profile's ready_ms" in out["assumptions"]
+    with pytest.raises(ValueError, match="loss: give the loss function"):
+        whatif.save_profile(model, str(path), batch=batch)
+
+
 def test_randomk_offers_its_allreduce_and_quantisers_their_allgather():
     rows = whatif.predict(10**6, tfcomp.RandomK(0.01), cm.ClusterModel(
         4, cm.Network(1e-4, 1e9), cm.Network(1e-4, 1e9), cm.AffineCost(1e-3, 0.0)))["strategies"]

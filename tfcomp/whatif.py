@@ -15,9 +15,11 @@ exchange runs it. The choice it prints is that plan, with its speed-up over stoc
 What compression costs is never measured behind your back: give --encode-ms (and --decode-ms), the
 milliseconds to encode and decode all the gradients once (priced per element for buckets of part of
 them), or --measure-here to time it now on this machine's CPU with the op library (a few seconds;
-that CPU is not your cluster's GPU). Every figure the prediction assumes is printed with it. Without
-ready times (a profile may give "ready_ms" per tensor), the gradients are assumed ready in backprop
-order in proportion to their elements over --backward-ms.
+that CPU is not your cluster's GPU). Every figure the prediction assumes is printed with it. A profile
+may carry the forward and backward times and each gradient's ready time, measured on a machine of
+yours (`save_profile(model, path, batch=(x, y), loss=...)`, by `measure_step_times`); without ready
+times the gradients are assumed ready in backprop order in proportion to their elements over
+--backward-ms.
 
 --json prints {"inputs", "assumptions", "strategies": [{"name", "communication_s", "compression_s",
 "total_s", "runs_in_tfcomp"}], "horovod_total_s", "plan": {"buckets", "exchange_s", "total_s"},
@@ -37,7 +39,7 @@ import sys
 from tfcomp import cost_model as cm
 from tfcomp import planning
 
-__all__ = ["main", "predict", "save_profile"]
+__all__ = ["main", "measure_step_times", "predict", "save_profile"]
 
 _COMPRESSORS = {"dragonn": "DRAGONN", "dgc": "DGC", "topk": "TopK", "randomk": "RandomK", "efsignsgd": "EFSignSGD",
                 "qsgd": "QSGD"}
@@ -74,9 +76,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="time encode and decode now on this machine's CPU (imports TensorFlow; a few seconds)")
     parser.add_argument("--decode-ms", type=float, default=0.0,
                         help="milliseconds to decode all workers' payloads once, with --encode-ms (default 0)")
-    parser.add_argument("--forward-ms", type=float, default=0.0, help="forward pass milliseconds per step (default 0)")
-    parser.add_argument("--backward-ms", type=float, default=0.0,
-                        help="backward pass milliseconds per step, which stock Horovod's allreduce overlaps (default 0)")
+    parser.add_argument("--forward-ms", type=float,
+                        help="forward pass milliseconds per step (default: the profile's, else 0)")
+    parser.add_argument("--backward-ms", type=float,
+                        help="backward pass milliseconds per step, which stock Horovod's allreduce overlaps "
+                             "(default: the profile's, else 0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="FILE.png", help="draw predicted step time against bandwidth")
     return parser
@@ -95,28 +99,88 @@ def _make_compressor(name: str, ratio: float):
         raise _UsageError(f"--ratio: {error}") from None
 
 
-def save_profile(model, path: str) -> None:
-    """Writes {"tensors": [{"name", "elements"}]} for the model's trainable variables, in order. A
-    tensor may also carry "ready_ms": when its gradient is ready, from the start of the backward pass."""
+def measure_step_times(model, batch, loss, steps: int = 10) -> dict:
+    """When a training step's parts end on this machine: {"forward_ms": float, "backward_ms":
+    float, "ready_ms": [float or None per trainable variable, in order]}, medians over `steps`
+    steps after one untimed one. `batch` = (x, y) as the model trains on them; `loss(y,
+    predictions)` a scalar. Forward: from the step's start until the loss is computed; each
+    gradient's ready time and the backward pass from then (None: the variable gets no gradient).
+    Every step is one graph with a timestamp taken once each gradient is computed; the timestamps
+    run in the order they are created (TensorFlow orders stateful ops), so they are created in
+    backprop order (a gradient computed out of that order is stamped with the later one)."""
+    import numpy as np
+    import tensorflow as tf
+
+    if not (isinstance(steps, int) and steps >= 1):
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    x, y = batch
+    variables = model.trainable_variables
+
+    def step():
+        start = tf.timestamp()
+        with tf.GradientTape() as tape:
+            with tf.control_dependencies([start]):
+                predictions = model(x, training=True)
+            value = loss(y, predictions)
+        with tf.control_dependencies([value]):
+            forward_end = tf.timestamp()
+        grads = tape.gradient(value, variables)
+        stamps = []
+        for grad in reversed(grads):
+            if grad is None:
+                stamps.append(tf.constant(float("nan"), tf.float64))
+                continue
+            with tf.control_dependencies([grad.values if isinstance(grad, tf.IndexedSlices) else grad]):
+                stamps.append(tf.timestamp())
+        return forward_end - start, tf.stack(stamps[::-1]) - forward_end
+
+    graph = tf.function(step, autograph=False)
+    graph()
+    runs = [graph() for _ in range(steps)]
+    forward = float(np.median([f.numpy() for f, _ in runs]))
+    ready = np.median(np.stack([r.numpy() for _, r in runs]), axis=0)
+    ready_ms = [None if np.isnan(t) else 1e3 * float(t) for t in ready]
+    return {"forward_ms": 1e3 * forward, "backward_ms": max([t for t in ready_ms if t is not None], default=0.0),
+            "ready_ms": ready_ms}
+
+
+def save_profile(model, path: str, batch=None, loss=None, steps: int = 10) -> None:
+    """Writes {"tensors": [{"name", "elements"}]} for the model's trainable variables, in order.
+    With `batch` and `loss` (see `measure_step_times`), also "forward_ms", "backward_ms" and each
+    tensor's "ready_ms" (from the start of the backward pass) as measured on this machine; the
+    what-if then takes them for --forward-ms, --backward-ms and the ready times."""
     tensors = [{"name": v.name, "elements": int(v.shape.num_elements())} for v in model.trainable_variables]
+    profile = {"tensors": tensors}
+    if batch is not None:
+        if loss is None:
+            raise ValueError("loss: give the loss function (y, predictions) -> scalar to time a step on batch")
+        times = measure_step_times(model, batch, loss, steps)
+        for tensor, ready in zip(tensors, times["ready_ms"]):
+            tensor["ready_ms"] = 0.0 if ready is None else ready
+        profile.update(forward_ms=times["forward_ms"], backward_ms=times["backward_ms"])
     with open(path, "w") as f:
-        json.dump({"tensors": tensors}, f, indent=1)
+        json.dump(profile, f, indent=1)
 
 
 def _load_profile(path: str) -> tuple:
-    """([(name, elements)] in variable order, [ready seconds] in the same order or None)."""
+    """([(name, elements)] in variable order, [ready seconds] in the same order or None, {"forward_ms",
+    "backward_ms"}: those the profile gives)."""
     try:
         with open(path) as f:
-            tensors = json.load(f)["tensors"]
+            profile = json.load(f)
+        tensors = profile["tensors"]
         sizes = [(str(t["name"]), int(t["elements"])) for t in tensors]
         ready = [float(t["ready_ms"]) / 1e3 for t in tensors] if all("ready_ms" in t for t in tensors) else None
+        times = {k: float(profile[k]) for k in ("forward_ms", "backward_ms") if k in profile}
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise _UsageError(f"--profile {path!r} is not a readable profile ({error})") from None
     if not sizes or any(n <= 0 for _, n in sizes):
         raise _UsageError(f"--profile {path!r} must list tensors with elements > 0")
     if ready is not None and not all(math.isfinite(t) and t >= 0 for t in ready):
         raise _UsageError(f"--profile {path!r}: ready_ms must be numbers of milliseconds >= 0")
-    return sizes, ready
+    if not all(math.isfinite(t) and t >= 0 for t in times.values()):
+        raise _UsageError(f"--profile {path!r}: forward_ms and backward_ms must be numbers of milliseconds >= 0")
+    return sizes, ready, times
 
 
 def _strategies(compressor) -> list:
@@ -281,18 +345,21 @@ def _run(argv) -> int:
         raise _UsageError(str(error)) from None
     if args.workers < 1:
         raise _UsageError(f"--workers must be an integer >= 1, got {args.workers}")
-    forward, backward = _checked_ms("--forward-ms", args.forward_ms), _checked_ms("--backward-ms", args.backward_ms)
     if args.decode_ms and args.encode_ms is None:
         raise _UsageError("--decode-ms goes with --encode-ms")
     if args.tensors < 1 or (params is not None and args.tensors > params):
         raise _UsageError(f"--tensors must be an integer from 1 to --params, got {args.tensors}")
     if params is not None:
-        named, ready = [(f"params_{i}", params // args.tensors + (i < params % args.tensors))
-                        for i in range(args.tensors)], None
+        named, ready, profiled = [(f"params_{i}", params // args.tensors + (i < params % args.tensors))
+                                  for i in range(args.tensors)], None, {}
     else:
-        named, ready = _load_profile(args.profile)
+        named, ready, profiled = _load_profile(args.profile)
+    assumptions = [f"{name.replace('_ms', '')} pass {value:g} ms, measured in the profile" for name, value in
+                   profiled.items() if getattr(args, name) is None]
+    args.forward_ms = profiled.get("forward_ms", 0.0) if args.forward_ms is None else args.forward_ms
+    args.backward_ms = profiled.get("backward_ms", 0.0) if args.backward_ms is None else args.backward_ms
+    forward, backward = _checked_ms("--forward-ms", args.forward_ms), _checked_ms("--backward-ms", args.backward_ms)
     tensors = list(reversed(named))  # backprop order
-    assumptions = []
     if ready is None:
         ready = _ready_times([n for _, n in tensors], backward)
         if backward > 0:
