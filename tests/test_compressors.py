@@ -637,3 +637,36 @@ def test_get_config_holds_no_private_state(rng):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize("name", list(SPARSE_AND_QUANTISED))
+@pytest.mark.parametrize("num_workers", [2, 3, 4])
+def test_decode_sum_scale_is_applied_to_the_sum(rng, name, num_workers):
+    """decode_sum(..., scale) is scale times the sum (exactly for a power of two, as 1/K for K = 2, 4)."""
+    compressor, size = SPARSE_AND_QUANTISED[name](), 4099
+    seed = draw_seed(rng)
+    encodeds = [encode(compressor, random_gradient(rng, (size,), np.float32), seed, worker)
+                for worker in range(num_workers)]
+    wire = simulated_collective(compressor, encodeds)
+    total = compressor.decode_sum(wire, encodeds[0].context, size, num_workers).numpy()
+    scaled = compressor.decode_sum(wire, encodeds[0].context, size, num_workers, 1.0 / num_workers).numpy()
+    if num_workers in (2, 4):
+        np.testing.assert_array_equal(scaled, total / num_workers)
+    else:
+        np.testing.assert_allclose(scaled, total / num_workers, rtol=1e-6, atol=1e-6 * np.max(np.abs(total)))
+
+
+@pytest.mark.parametrize("name", list(SPARSE_AND_QUANTISED))
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
+def test_payload_shows_non_finite_holds_where_claimed(rng, name, bad):
+    """Where a compressor claims it, one non-finite element anywhere leaves a non-finite value in
+    the payload's floating-point tensors (the exchange then skips its pass over the tensor)."""
+    compressor = SPARSE_AND_QUANTISED[name]()
+    if not compressor.payload_shows_non_finite:
+        pytest.skip(f"{name} does not claim it (the exchange checks the tensor)")
+    for size in (7, 1029, 70_001):
+        g = random_gradient(rng, (size,), np.float32)
+        g[rng.integers(size)] = bad
+        encoded = encode(compressor, g, draw_seed(rng), int(rng.integers(4)))
+        floats = [w for w in numpy_wire(encoded) if np.issubdtype(w.dtype, np.floating)]
+        assert not all(np.all(np.isfinite(w)) for w in floats), f"{name}, size {size}: a {bad} left no trace"

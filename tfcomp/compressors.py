@@ -115,6 +115,10 @@ class Compressor:
         "allreduce", "artopk" to force it for every compressed bucket (see
         `tfcomp.cost_model.available_strategies`).
       min_elements: with planning="off", tensors with fewer elements are sent dense (1 to 2^63 - 1).
+      payload_shows_non_finite: (class) whether a non-finite element of the encoded tensor always
+        leaves a non-finite value in the payload's floating-point tensors (NaN and Inf always
+        selected and ranked first; a scale or norm over every element), so that the exchange
+        learns of it from the payload instead of a pass over the tensor.
 
     Integers may be Python or NumPy integers (not bools, not floats such as 4.0); numbers may be
     Python or NumPy reals, finite. Anything else is a ValueError naming the argument and its value.
@@ -122,6 +126,7 @@ class Compressor:
 
     collective = "allgather"
     dense_element_bytes = 4  # bytes per element when a bucket is sent dense
+    payload_shows_non_finite = False
 
     def __init__(self, *, error_feedback: bool, momentum=None, warmup_steps: int = 0,
                  min_elements: int = DEFAULT_MIN_ELEMENTS, planning: str = "auto", strategy=None):
@@ -170,8 +175,11 @@ class Compressor:
         """float32 [size]: the dense value of this worker's own payload."""
         raise NotImplementedError
 
-    def decode_sum(self, wire: tuple, context, size: int, num_workers: int) -> tf.Tensor:
-        """float32 [size]: the sum of all workers' payloads from the collective's results."""
+    def decode_sum(self, wire: tuple, context, size: int, num_workers: int, scale: float = 1.0) -> tf.Tensor:
+        """float32 [size]: `scale` times the sum of all workers' payloads from the collective's
+        results (the scale applied to the payloads' values before the sum, so that averaging costs
+        no pass over the dense result; exact where scale is a power of two, as 1/K is for K = 2,
+        4, 8)."""
         raise NotImplementedError
 
     def compress(self, tensor):
@@ -211,9 +219,9 @@ class _Sparsifier(Compressor):
         values, indices = encoded.wire
         return ops.sparse_batched_decode(values, indices, size)
 
-    def decode_sum(self, wire, context, size, num_workers):
+    def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         values, indices = wire
-        return ops.sparse_batched_decode(values, indices, size)
+        return ops.sparse_batched_decode(values * scale if scale != 1.0 else values, indices, size)
 
     def sent_pairs(self, encoded):
         return encoded.wire
@@ -234,6 +242,8 @@ class DRAGONN(_Sparsifier):
         Default error feedback on, no momentum correction, no warm-up, cost-model planning.
     Each worker hashes with its own seed, which changes every step.
     """
+
+    payload_shows_non_finite = True
 
     def __init__(self, ratio=0.001, *, slots_per_element=1.0, num_samples=65536, **kwargs):
         if not _is_real(slots_per_element) or not 0 < slots_per_element <= _MAX_SLOTS_PER_ELEMENT:
@@ -285,6 +295,8 @@ class TopK(_Sparsifier):
         `DRAGONN` and `Compressor`.
     """
 
+    payload_shows_non_finite = True
+
     def __init__(self, ratio=0.001, **kwargs):
         super().__init__(ratio, **kwargs)
 
@@ -322,8 +334,8 @@ class RandomK(Compressor):
     def decode_local(self, encoded, size):
         return ops.sparse_batched_decode(encoded.wire[0], encoded.context, size)
 
-    def decode_sum(self, wire, context, size, num_workers):
-        return ops.sparse_batched_decode(wire[0], context, size)
+    def decode_sum(self, wire, context, size, num_workers, scale=1.0):
+        return ops.sparse_batched_decode(wire[0] * scale if scale != 1.0 else wire[0], context, size)
 
     def sent_pairs(self, encoded):
         return encoded.wire[0], encoded.context
@@ -336,6 +348,8 @@ class EFSignSGD(Compressor):
     Args:
       error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see `Compressor` (error feedback on).
     """
+
+    payload_shows_non_finite = True
 
     def __init__(self, *, error_feedback=True, **kwargs):
         super().__init__(error_feedback=error_feedback, **kwargs)
@@ -362,9 +376,10 @@ class EFSignSGD(Compressor):
         packed, scale = encoded.wire
         return self._unpack(packed, scale[0], size)
 
-    def decode_sum(self, wire, context, size, num_workers):
+    def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         # One worker at a time into the total: one dense float32 tensor in flight, not K.
-        packed, scale = wire
+        packed, magnitudes = wire
+        scale = magnitudes * scale if scale != 1.0 else magnitudes
         packed = tf.reshape(packed, [num_workers, -1])
         total = self._unpack(packed[0], scale[0], size)
         for worker in range(1, num_workers):
@@ -383,6 +398,8 @@ class QSGD(Compressor):
         min_elements: see
         `Compressor`.
     """
+
+    payload_shows_non_finite = True
 
     def __init__(self, bits=4, *, error_feedback=False, **kwargs):
         if not isinstance(bits, numbers.Integral) or isinstance(bits, (bool, np.bool_)) or not 1 <= bits <= 7:
@@ -411,9 +428,10 @@ class QSGD(Compressor):
         levels, norm = encoded.wire
         return self._dequantise(levels, norm[0])
 
-    def decode_sum(self, wire, context, size, num_workers):
+    def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         # One worker at a time into the total: one dense float32 tensor in flight, not K.
         levels, norm = wire
+        norm = norm * scale if scale != 1.0 else norm
         levels = tf.reshape(levels, [num_workers, -1])
         total = self._dequantise(levels[0], norm[0])
         for worker in range(1, num_workers):

@@ -37,6 +37,7 @@ __all__ = [
     "load_library",
     "sparse_batched_decode",
     "topk_compress",
+    "zero_at",
 ]
 
 LIBRARY_NAME = "_tfcomp_ops.so"
@@ -47,7 +48,7 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 MAX_LENGTH = _INT32_MAX  # the longest gradient, payload or dense output: indices are int32
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
-for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode"):
+for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode", "ZeroAt"):
     tf.no_gradient("Tfcomp>" + _op)
 
 
@@ -324,3 +325,33 @@ def sparse_batched_decode(values, indices, size: int, name: str | None = None) -
     """
     size = _check_int("size", size, 0, MAX_LENGTH)
     return load_library().tfcomp_sparse_batched_decode(values, _indices(indices), size=size, name=name)
+
+
+def zero_at(variable: tf.Variable, indices, offset: int = 0, name: str | None = None) -> tf.Operation:
+    """Sets to zero, in place, the elements of `variable` that `indices` name (error feedback's
+    clearing of the k sent elements of a residual, in O(k)).
+
+    Element i - offset is cleared for every index i in [offset, offset + variable size); the other
+    indices (-1, or those of the other tensors of a merged bucket) are skipped. Unlike
+    `variable.scatter_nd_update`, it leaves the variable out of TensorFlow's copy-on-read mode, in
+    which every later read of the variable copies all of it.
+
+    Args:
+      variable: a float32 `tf.Variable` (resource variable) of any shape, initialized.
+      indices: [n] int32 flat indices.
+      offset: Python int in [0, 2^31 - 1], where the variable's elements start among the indices.
+      name: optional op name.
+
+    Returns:
+      The op (None when executing eagerly).
+
+    Raises:
+      TypeError, ValueError: offset of the wrong type or out of range; variable not a float32
+        resource variable.
+    """
+    offset = _check_int("offset", offset, 0, MAX_LENGTH)
+    if not isinstance(variable, tf.Variable) or not hasattr(variable, "handle"):
+        raise TypeError(f"variable must be a tf.Variable (resource variable), got {type(variable).__name__}")
+    if variable.dtype != tf.float32:
+        raise ValueError(f"variable must be float32, got {variable.dtype.name}")
+    return load_library().tfcomp_zero_at(variable.handle, _indices(indices), offset=offset, name=name)

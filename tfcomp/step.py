@@ -30,6 +30,7 @@ import functools
 from typing import NamedTuple
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from tfcomp import ops
@@ -69,6 +70,25 @@ def _split(flat, bucket, sizes):
     if len(bucket.positions) == 1:
         return [flat]
     return tf.split(flat, [sizes[i] for i in bucket.positions])
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _any_non_finite(tensors):
+    """float32 [1]: 1 where some element of `tensors` is NaN or Inf, else 0."""
+    return tf.reshape(tf.cast(tf.reduce_any([tf.reduce_any(tf.logical_not(tf.math.is_finite(t))) for t in tensors]),
+                              tf.float32), [1])
+
+
+def _sum_stays_finite(wire, num_workers: int):
+    """bool scalar: whether the decoded sum of K workers' payloads `wire` is surely finite: every
+    floating-point wire tensor finite and K times its largest magnitude within float32's range
+    (each element of the sum adds at most K values, one per worker, each at most that large in
+    magnitude: a pass over the payloads, never over the dense result)."""
+    checks = [tf.reduce_all(tf.math.is_finite(t)) & (tf.reduce_max(tf.abs(t)) * num_workers <= _FLOAT32_MAX)
+              for t in wire if t.dtype.is_floating]
+    return tf.reduce_all(checks) if checks else tf.constant(True)
 
 
 def wire_bytes(compressor, bucket) -> int:
@@ -212,10 +232,10 @@ class StepGraph:
         sparse, dense = accumulated[:len(compressed)], accumulated[len(compressed):]
 
         def send_compressed():
-            reduced, updates = self._send_compressed(sparse, compressed) if compressed else ([], [])
+            reduced, updates, finite = self._send_compressed(sparse, compressed) if compressed else ([], [], [])
             reduced_dense, updates_dense = self._send_dense(dense, dense_groups) if dense else ([], [])
             return self._with_memory_update(buckets, sources, sizes, reduced + reduced_dense, updates + updates_dense,
-                                            dense_results)
+                                            dense_results, finite)
 
         if compressor.warmup_steps > 0 and compressed:
             def send_dense():
@@ -224,14 +244,16 @@ class StepGraph:
             return tf.cond(self.state.step < compressor.warmup_steps, send_dense, send_compressed)
         return send_compressed()
 
-    def _with_memory_update(self, buckets, sources, sizes, reduced, updates, dense_results):
+    def _with_memory_update(self, buckets, sources, sizes, reduced, updates, dense_results, finite=()):
         """`reduced`, once the buckets' memory is updated: unless some reduced gradient (of the
         buckets, or of the floating-point `dense_results`) is not finite (a step a loss-scale
-        optimizer skips), when the memory stays as it was."""
+        optimizer skips), when the memory stays as it was. `finite`: whether each of the first
+        reduced tensors is finite, where the payloads already tell (the compressed buckets: no
+        pass over their dense results); the others are checked."""
         if not self.compressor.error_feedback:
             return reduced
         dense = [tf.convert_to_tensor(o) for o in dense_results if o is not None and o.dtype.is_floating]
-        finite = [tf.reduce_all(tf.math.is_finite(r)) for r in list(reduced) + dense]
+        finite = list(finite) + [tf.reduce_all(tf.math.is_finite(r)) for r in list(reduced)[len(finite):] + dense]
         keep = tf.logical_not(tf.reduce_all(finite))
         assigned = tf.cond(keep, tf.no_op, lambda: tf.group(
             [self._update_memory(b, sources, sizes, u) for b, u in zip(buckets, updates)]))
@@ -275,13 +297,12 @@ class StepGraph:
             if update.cleared is None:
                 assignments += [v.assign(tf.zeros_like(v) if x is None else x) for v, x in targets]
             else:
+                # Slots that carried a zero sent nothing: their element keeps its memory.
                 sent_values, sent_indices = update.cleared
-                here = (sent_indices >= offset) & (sent_indices < offset + sizes[i]) & (sent_values != 0)
-                cleared = tf.reshape(tf.boolean_mask(sent_indices, here) - offset, [-1, 1])
-                zeros = tf.zeros(tf.shape(cleared)[:1], tf.float32)
+                sent = tf.where(sent_values != 0, sent_indices, -1)
                 for v, x in targets:
-                    with tf.control_dependencies([v.assign(x)]):
-                        assignments.append(v.scatter_nd_update(cleared, zeros))
+                    with tf.control_dependencies([v.assign(x, read_value=False)]):
+                        assignments.append(ops.zero_at(v, sent, offset))
             offset += sizes[i]
         return tf.group(assignments)
 
@@ -301,10 +322,12 @@ class StepGraph:
     def _send_compressed(self, accumulated, buckets):
         """Encodes, exchanges and decodes the accumulated buckets.
 
-        Returns (reduced buckets, [_MemoryUpdate] or []). Buckets of one strategy share one grouped
-        collective. A non-finite value anywhere in a bucket on any worker makes the bucket's
-        reduced values NaN, as a dense allreduce would, even where the compressor did not send
-        that value: each bucket's flag of such values rides along with its payload.
+        Returns (reduced buckets, [_MemoryUpdate] or [], whether each reduced bucket is finite).
+        Buckets of one strategy share one grouped collective. A non-finite value anywhere in a
+        bucket on any worker makes the bucket's reduced values NaN, as a dense allreduce would,
+        even where the compressor did not send that value: each bucket's flag of such values
+        rides along with its payload. For Average, the payloads' values are divided by K before
+        the decode sums them (no pass over the dense result).
         """
         compressor = self.compressor
         num_workers = self.collectives.size
@@ -322,7 +345,8 @@ class StepGraph:
                     pairs = compressor.sent_pairs(encoded)
                     sent = tuple(pairs) if pairs else compressor.decode_local(encoded, int(acc.shape[0]))
                 payload = _Payload(encoded.wire, encoded.context, sent)
-            non_finite = tf.reshape(tf.cast(tf.reduce_any(tf.logical_not(tf.math.is_finite(acc))), tf.float32), [1])
+            shown = compressor.payload_shows_non_finite and bucket.strategy != "artopk"
+            non_finite = _any_non_finite([t for t in payload.wire if t.dtype.is_floating] if shown else [acc])
             payloads.append(payload._replace(wire=tuple(payload.wire) + (non_finite,)))
             if compressor.error_feedback:
                 updates.append(self._memory_update(acc, momentum, payload, [non_finite, *payload.wire]))
@@ -341,17 +365,19 @@ class StepGraph:
             for n in members:
                 received[n] = tuple(exchanged[start:start + len(payloads[n].wire)])
                 start += len(payloads[n].wire)
-        reduced = []
+        reduced, finite = [], []
+        scale = 1.0 / num_workers if self.op == hvd.Average else 1.0
         for (acc, _), bucket, payload, wire in zip(accumulated, buckets, payloads, received):
             size = int(acc.shape[0])
             if bucket.strategy == "artopk":
-                total = ops.sparse_batched_decode(wire[0], payload.context, size)
+                total = ops.sparse_batched_decode(wire[0] * scale, payload.context, size)
             else:
-                total = compressor.decode_sum(wire[:-1], payload.context, size, num_workers)
-            total = total / num_workers if self.op == hvd.Average else total
-            # Adding a scalar (NaN if any worker had a non-finite value, else 0) reuses the buffer.
-            reduced.append(total + tf.where(tf.reduce_sum(wire[-1]) > 0, float("nan"), 0.0))
-        return reduced, updates
+                total = compressor.decode_sum(wire[:-1], payload.context, size, num_workers, scale)
+            flagged = tf.reduce_sum(wire[-1]) > 0
+            # Only where a worker flagged a non-finite value is a new (NaN) tensor made.
+            reduced.append(tf.cond(flagged, lambda size=size: tf.fill([size], float("nan")), lambda t=total: t))
+            finite.append(tf.logical_and(tf.logical_not(flagged), _sum_stays_finite(wire[:-1], num_workers)))
+        return reduced, updates, finite
 
     def _artopk_payload(self, acc, seed, worker, num_workers):
         """AR-Topk (003 Algorithm 1): the owner's selected indices are broadcast, every worker sends

@@ -132,6 +132,19 @@ Status SparseBatchedDecodeLauncher<GpuDevice, T>::operator()(OpKernelContext* co
   return ::tensorflow::OkStatus();
 }
 
+Status ZeroAtLauncher<GpuDevice>::operator()(OpKernelContext* context, const Tensor& indices, int64_t offset,
+                                            const Tensor* source, Tensor* data) const {
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  float* out = data->flat<float>().data();
+  if (source != nullptr) {
+    TF_RETURN_IF_ERROR(CudaStatus(context, cudaMemcpyAsync(out, source->flat<float>().data(), source->TotalBytes(),
+                                                           cudaMemcpyDeviceToDevice, stream)));
+  }
+  return CudaStatus(context, cuda::ZeroAt(out, data->NumElements(), indices.flat<int32_t>().data(),
+                                          indices.NumElements(), offset, stream));
+}
+
 #define TFCOMP_INSTANTIATE(T)                                 \
   template struct EstimateThresholdLauncher<GpuDevice, T>;   \
   template struct DragonnCompressLauncher<GpuDevice, T>;     \

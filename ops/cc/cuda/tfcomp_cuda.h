@@ -67,6 +67,10 @@ template <class Format>
 cudaError_t SparseBatchedDecode(const typename Format::Bits* values, const int32_t* indices, int64_t n, int64_t size,
                                 typename Format::Bits* dense, int64_t* first_bad, cudaStream_t stream);
 
+// zero_at: data[i - offset] = 0 for every index i = indices[p] (device) with offset <= i < offset +
+// size; the other indices are skipped. Needs no scratch.
+cudaError_t ZeroAt(float* data, int64_t size, const int32_t* indices, int64_t n, int64_t offset, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace tfcomp
 

@@ -56,6 +56,11 @@ struct TopkCompressLauncher;
 template <typename Device, typename T>
 struct SparseBatchedDecodeLauncher;
 
+// zero_at: data[i - offset] = 0 for every index i of indices (int32 [n]) in [offset, offset + size of
+// data); with `source` (not null: data is a new buffer replacing a shared one), data is first a copy of it.
+template <typename Device>
+struct ZeroAtLauncher;
+
 #if TFCOMP_CUDA
 template <typename T>
 struct EstimateThresholdLauncher<GpuDevice, T> {
@@ -88,6 +93,12 @@ struct SparseBatchedDecodeLauncher<GpuDevice, T> {
   ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& values,
                                   const ::tensorflow::Tensor& indices, ::tensorflow::Tensor* dense,
                                   int64_t* bad_position, int32_t* bad_index) const;
+};
+
+template <>
+struct ZeroAtLauncher<GpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& indices,
+                                  int64_t offset, const ::tensorflow::Tensor* source, ::tensorflow::Tensor* data) const;
 };
 #endif  // TFCOMP_CUDA
 

@@ -161,6 +161,25 @@ size: at most 2^31 - 1.
 dense: [size], values' dtype.
 )doc");
 
+REGISTER_OP("Tfcomp>ZeroAt")
+    .Input("variable: resource")
+    .Input("indices: int32")
+    .Attr("offset: int >= 0")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) { return RequireRank(c, 1, "indices", 1); })
+    .Doc(R"doc(
+Sets to zero, in place, the elements of a float32 resource variable that `indices` name: element
+i - offset for every index i in [offset, offset + variable size); other indices (-1, or those of
+the other tensors of a merged bucket) are skipped. Error feedback clears the k sent elements of a
+residual this way, in O(k): unlike TensorFlow's resource scatter ops it leaves the variable out of
+copy-on-read mode, in which every later read copies it. The buffer is copied first only where
+another tensor still shares it.
+
+variable: a float32 resource variable (of any shape), initialized.
+indices: [n] int32.
+offset: where the variable's elements start in the index space of `indices`.
+)doc");
+
 }  // namespace tfcomp
 
 // What this library was built against, read from the file by tfcomp/ops.py before loading it, so

@@ -1,0 +1,135 @@
+"""Exchange-step benchmark: a whole compressed exchange step against its kernels and memory passes.
+
+    python -m benchmarks.exchange_step_benchmark [--rows=512] [--cols=16384] [--workers=2]
+        [--compressors=dragonn_0.001,dgc_0.001] [--repeats=25] [--warmup=3] [--markdown_out=PATH]
+
+One process, one TensorFlow thread (intra- and inter-op), float32 gradient of [rows, cols] (default
+8.4 M elements), K = --workers simulated by `tfcomp.collectives.LocalCollectives` (the allgather
+returns this worker's payload K times, so nothing is sent and the figures are the exchange's own
+work). For each compressor configuration it times, each as one tf.function returning a scalar (so
+no result is copied out):
+
+  read       tf.reduce_max(g): one read pass over the gradient
+  add        g + 1: one pass that reads it and writes a new tensor
+  kernels    the compressor's kernels alone: threshold estimate and compress of g, and the batched
+             decode of K payloads (DRAGONN and DGC)
+  step       one exchange step of `tfcomp.step.StepGraph` with error feedback: residual added,
+             encode, the flag of non-finite values, the collective, decode of the K payloads
+             averaged, the finiteness check, the residual kept and its sent elements cleared
+  step noEF  the same without error feedback
+
+interleaved round by round (medians over --repeats after --warmup), and prints step / kernels and
+step / add.
+"""
+
+import datetime
+import platform
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+
+from benchmarks.tables import markdown_table, text_table
+
+__all__ = []
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("rows", 512, "Gradient rows.")
+flags.DEFINE_integer("cols", 16384, "Gradient columns.")
+flags.DEFINE_integer("workers", 2, "K, simulated (LocalCollectives).")
+flags.DEFINE_list("compressors", ["dragonn_0.001", "dgc_0.001"], "<dragonn|dgc>_<ratio> configurations.")
+flags.DEFINE_integer("repeats", 25, "Measured rounds.")
+flags.DEFINE_integer("warmup", 3, "Discarded rounds.")
+flags.DEFINE_string("markdown_out", None, "Also write the table as Markdown here.")
+
+_COLUMNS = [
+    ("compressor", 14, lambda r: r["name"]),
+    ("read ms", 8, lambda r: f"{r['read']:.2f}"),
+    ("add ms", 7, lambda r: f"{r['add']:.2f}"),
+    ("kernels ms", 10, lambda r: f"{r['kernels']:.2f}"),
+    ("step ms", 8, lambda r: f"{r['step']:.2f}"),
+    ("noEF ms", 8, lambda r: f"{r['step_no_ef']:.2f}"),
+    ("step/kernels", 12, lambda r: f"{r['step'] / r['kernels']:.2f}"),
+    ("step/add", 8, lambda r: f"{r['step'] / r['add']:.2f}"),
+]
+
+
+def _compressor(config: str, error_feedback: bool):
+    import tfcomp
+
+    name, _, ratio = config.partition("_")
+    classes = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC}
+    if name not in classes or not ratio:
+        raise ValueError(f"--compressors: {config!r} is not <dragonn|dgc>_<ratio>")
+    return classes[name](float(ratio), error_feedback=error_feedback)
+
+
+def _step_function(compressor, grad, workers: int):
+    """A tf.function running one exchange step of `grad` (one compressed allgather bucket)."""
+    from tfcomp.collectives import LocalCollectives
+    from tfcomp.cost_model import ClusterModel, StrategyTime
+    from tfcomp.memory import ExchangeState
+    from tfcomp.planning import Bucket, Plan
+    from tfcomp.step import StepGraph
+
+    size = int(np.prod(grad.shape))
+    variable = tf.Variable(tf.zeros(grad.shape))
+    plan = Plan((Bucket((0,), size, "allgather", StrategyTime(0.0, 0.0), 0.0),), {0: "gradient"}, compressor,
+                ClusterModel.unpriced(workers))
+    step = StepGraph(compressor, ExchangeState(), LocalCollectives(workers))
+    step.create_state(plan, [grad], [variable])
+    return tf.function(lambda g: step(plan, [g], [variable])[0][0, 0], autograph=False)
+
+
+def _kernels_function(compressor, flat, workers: int):
+    """A tf.function of the compressor's kernels alone: encode, and the decode of K payloads."""
+    from tfcomp import ops
+
+    def kernels():
+        values, indices = compressor.encode(flat, tf.constant(7, tf.int64), 0).wire
+        return ops.sparse_batched_decode(tf.concat([values] * workers, 0), tf.concat([indices] * workers, 0),
+                                         int(flat.shape[0]))[0]
+
+    return tf.function(kernels, autograph=False)
+
+
+def _measure(config: str, grad) -> dict:
+    flat = tf.reshape(grad, [-1])
+    runs = {
+        "read": tf.function(lambda: tf.reduce_max(flat), autograph=False),
+        "add": tf.function(lambda: (flat + 1.0)[0], autograph=False),
+        "kernels": _kernels_function(_compressor(config, True), flat, FLAGS.workers),
+        "step": _step_function(_compressor(config, True), grad, FLAGS.workers),
+        "step_no_ef": _step_function(_compressor(config, False), grad, FLAGS.workers),
+    }
+    arguments = {"step": (grad,), "step_no_ef": (grad,)}
+    times = {name: [] for name in runs}
+    for round_ in range(FLAGS.warmup + FLAGS.repeats):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run(*arguments.get(name, ())).numpy()
+            if round_ >= FLAGS.warmup:
+                times[name].append(1e3 * (time.perf_counter() - start))
+    return {"name": config, **{name: statistics.median(values) for name, values in times.items()}}
+
+
+def main(argv):
+    del argv
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    grad = tf.constant(np.random.default_rng(0).standard_normal((FLAGS.rows, FLAGS.cols), dtype=np.float32))
+    rows = [_measure(config, grad) for config in FLAGS.compressors]
+    header = (f"{platform.processor() or platform.machine()}, one thread, TensorFlow {tf.__version__}, "
+              f"{datetime.date.today().isoformat()}; gradient {FLAGS.rows}x{FLAGS.cols} float32, K = {FLAGS.workers} "
+              f"(LocalCollectives); median ms of {FLAGS.repeats} interleaved rounds")
+    print(header)
+    print(text_table(_COLUMNS, rows))
+    if FLAGS.markdown_out:
+        with open(FLAGS.markdown_out, "w") as out:
+            out.write(f"{header}\n\n{markdown_table(_COLUMNS, rows)}\n")
+
+
+if __name__ == "__main__":
+    app.run(main)
