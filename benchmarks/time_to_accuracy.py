@@ -1,7 +1,7 @@
 """Time to accuracy on an emulated cluster: does the model train to the same accuracy sooner?
 
     python -m benchmarks.time_to_accuracy [--hosts=4] [--models=cnn,vit] [--seeds=2] [--steps=400]
-        [--resume] [--out_dir=benchmarks/results]
+        [--rates=1gbit,10gbit,none] [--configs=dense,...] [--resume] [--out_dir=benchmarks/results]
 
 Needs root (benchmarks/cluster.py). On --hosts emulated hosts, one Horovod worker each, it trains
 each model of --models (examples/models.py) on Fashion-MNIST with every configuration of `RUNS`:
@@ -46,6 +46,7 @@ flags.DEFINE_integer("seeds", 2, "Seeds 0 .. seeds-1 per configuration.")
 flags.DEFINE_integer("steps", 400, "Training steps per run.")
 flags.DEFINE_integer("eval_every", 50, "Steps between evaluations.")
 flags.DEFINE_list("rates", ["1gbit", "10gbit", "none"], "Link rates to run (a subset of RUNS' keys).")
+flags.DEFINE_list("configs", None, "Configurations to run (default: every one of RUNS at each rate).")
 flags.DEFINE_bool("resume", False, "Keep the runs already in the JSON and run only the missing ones.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON, Markdown and PNGs go.")
 flags.DEFINE_integer("run_timeout", 900, "Seconds before one training run is abandoned.")
@@ -85,7 +86,8 @@ def main(argv):
     runs = json.loads(json_path.read_text())["runs"] if FLAGS.resume and json_path.exists() else []
     done = {_key(r) for r in runs}
     todo = [(model, rate, config, seed) for seed in range(FLAGS.seeds) for model in FLAGS.models
-            for rate in FLAGS.rates for config in RUNS[rate] if (model, rate, config, seed) not in done]
+            for rate in FLAGS.rates for config in RUNS[rate]
+            if (model, rate, config, seed) not in done and (FLAGS.configs is None or config in FLAGS.configs)]
     started = time.time()
     with Cluster(hosts=FLAGS.hosts, rate=None) as cluster:
         for n, (model, rate, config, seed) in enumerate(todo):
