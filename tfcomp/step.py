@@ -283,8 +283,9 @@ class StepGraph:
 
     def _update_memory(self, bucket, sources, sizes, update):
         """The assignments of the bucket's new memory: each residual (and DGC momentum) becomes its
-        part of `update`, with the sent elements then cleared in place (k writes: no dense copy of
-        what was sent), or zero after a warm-up step."""
+        part of `update`, with the sent elements then cleared in place by `ops.zero_at` (k writes,
+        no dense copy of what was sent, and the variable stays out of TensorFlow's copy-on-read
+        mode, in which every later read would copy it), or zero after a warm-up step."""
         memory = self.state.memory
         with_momentum = self.compressor.momentum is not None
         residuals = [None] * len(bucket.positions) if update.residual is None else _split(update.residual, bucket, sizes)
