@@ -22,8 +22,6 @@ interleaved round by round (medians over --repeats after --warmup), and prints s
 step / add.
 """
 
-import datetime
-import platform
 import statistics
 import time
 
@@ -31,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
-from benchmarks.tables import markdown_table, text_table
+from benchmarks.tables import machine_header, markdown_table, text_table
 
 __all__ = []
 
@@ -121,9 +119,8 @@ def main(argv):
     tf.config.threading.set_inter_op_parallelism_threads(1)
     grad = tf.constant(np.random.default_rng(0).standard_normal((FLAGS.rows, FLAGS.cols), dtype=np.float32))
     rows = [_measure(config, grad) for config in FLAGS.compressors]
-    header = (f"{platform.processor() or platform.machine()}, one thread, TensorFlow {tf.__version__}, "
-              f"{datetime.date.today().isoformat()}; gradient {FLAGS.rows}x{FLAGS.cols} float32, K = {FLAGS.workers} "
-              f"(LocalCollectives); median ms of {FLAGS.repeats} interleaved rounds")
+    header = (f"{machine_header()}; one inter-op thread; gradient {FLAGS.rows}x{FLAGS.cols} float32, "
+              f"K = {FLAGS.workers} (LocalCollectives); median ms of {FLAGS.repeats} interleaved rounds")
     print(header)
     print(text_table(_COLUMNS, rows))
     if FLAGS.markdown_out:

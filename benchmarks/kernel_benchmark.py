@@ -27,9 +27,6 @@ Run from the repository root, with the op library built:
       [--intra_op_threads=0] [--dense_sum_max_gib=12] [--markdown_out=PATH]
 """
 
-import datetime
-import os
-import platform
 import statistics
 import sys
 import time
@@ -38,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
-from benchmarks.tables import markdown_table, text_table
+from benchmarks.tables import machine_header, markdown_table, text_table
 from tfcomp import ops
 
 __all__ = []
@@ -89,23 +86,6 @@ _COLUMNS = [
 ]
 
 
-def _header_line() -> str:
-    """Machine, TensorFlow version, intra-op threads and date, for the line above the table."""
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    cpus = len(os.sched_getaffinity(0))
-    threads = tf.config.threading.get_intra_op_parallelism_threads()
-    threads_text = str(threads) if threads else f"default ({cpus})"
-    return (
-        f"CPU: {cpu or 'unknown'}, nproc {cpus}; TensorFlow {tf.__version__}; "
-        f"intra-op threads {threads_text}; {datetime.date.today().isoformat()}"
-    )
-
-
 def _variants(d: int, seed: int, dense_sum_max_bytes: float) -> dict:
     """The timed callables for size d, keyed by variant name; inputs are built here, untimed."""
     grad = tf.constant(np.random.default_rng(seed).standard_normal(d, dtype=np.float32))
@@ -152,7 +132,7 @@ def main(argv):
     del argv
     if FLAGS.intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
-    header = _header_line()
+    header = machine_header()
     print(header, flush=True)
     rows = []
     for log2 in range(FLAGS.min_log2, FLAGS.max_log2 + 1):

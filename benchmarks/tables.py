@@ -1,4 +1,4 @@
-"""Fixed-width and Markdown tables for the benchmarks.
+"""Fixed-width and Markdown tables for the benchmarks, and the machine line printed above them.
 
 A table is described by columns (heading, width, cell) where cell(row) -> str; rows are whatever
 the cells read (dicts here).
@@ -6,7 +6,31 @@ the cells read (dicts here).
 
 from __future__ import annotations
 
-__all__ = ["markdown_table", "text_table"]
+import datetime
+import os
+import platform
+
+__all__ = ["machine_header", "markdown_table", "text_table"]
+
+
+def machine_header() -> str:
+    """CPU model, usable CPUs, TensorFlow's version and intra-op threads, and today's date, for
+    the line above a table of timings (imports TensorFlow)."""
+    import tensorflow as tf
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    cpus = len(os.sched_getaffinity(0))
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    threads_text = str(threads) if threads else f"default ({cpus})"
+    return (
+        f"CPU: {cpu or 'unknown'}, nproc {cpus}; TensorFlow {tf.__version__}; "
+        f"intra-op threads {threads_text}; {datetime.date.today().isoformat()}"
+    )
 
 
 def _align(text: str, width: int, left: bool) -> str:

@@ -91,6 +91,12 @@ def _check_momentum(momentum):
     return float(momentum)
 
 
+def _scaled(payload_values, scale: float):
+    """`payload_values` times `scale` (a payload's values or per-worker scales, K·k or K elements:
+    the decode's averaging costs no pass over its dense result), unchanged for 1."""
+    return payload_values if scale == 1.0 else payload_values * scale
+
+
 def _num_selected(ratio: float, size: int) -> int:
     """k = max(1, round(ratio * size)), rounding halves up."""
     return max(1, math.floor(ratio * size + 0.5))
@@ -221,7 +227,7 @@ class _Sparsifier(Compressor):
 
     def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         values, indices = wire
-        return ops.sparse_batched_decode(values * scale if scale != 1.0 else values, indices, size)
+        return ops.sparse_batched_decode(_scaled(values, scale), indices, size)
 
     def sent_pairs(self, encoded):
         return encoded.wire
@@ -335,7 +341,7 @@ class RandomK(Compressor):
         return ops.sparse_batched_decode(encoded.wire[0], encoded.context, size)
 
     def decode_sum(self, wire, context, size, num_workers, scale=1.0):
-        return ops.sparse_batched_decode(wire[0] * scale if scale != 1.0 else wire[0], context, size)
+        return ops.sparse_batched_decode(_scaled(wire[0], scale), context, size)
 
     def sent_pairs(self, encoded):
         return encoded.wire[0], encoded.context
@@ -379,7 +385,7 @@ class EFSignSGD(Compressor):
     def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         # One worker at a time into the total: one dense float32 tensor in flight, not K.
         packed, magnitudes = wire
-        scale = magnitudes * scale if scale != 1.0 else magnitudes
+        scale = _scaled(magnitudes, scale)
         packed = tf.reshape(packed, [num_workers, -1])
         total = self._unpack(packed[0], scale[0], size)
         for worker in range(1, num_workers):
@@ -431,7 +437,7 @@ class QSGD(Compressor):
     def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         # One worker at a time into the total: one dense float32 tensor in flight, not K.
         levels, norm = wire
-        norm = norm * scale if scale != 1.0 else norm
+        norm = _scaled(norm, scale)
         levels = tf.reshape(levels, [num_workers, -1])
         total = self._dequantise(levels[0], norm[0])
         for worker in range(1, num_workers):
