@@ -88,9 +88,10 @@ def _scale(image, label):
 
 
 def input_pipeline(rank: int, size: int, batch_size: int, seed: int, examples=None, data_dir=None) -> tf.data.Dataset:
-    """This worker's training data: the `train` split (its first `examples` if given) sharded
-    `size` ways (`rank`'s shard, cut so that every shard has the same number of batches), shuffled
-    anew every epoch (seeded by `seed` and `rank`), scaled to float32 [0, 1], in batches of
+    """This worker's training data: its part of the `train` split (of its first `examples` if
+    given), read as `tfds.even_splits` cuts it so that a worker reads and decodes only its own
+    records and every worker has the same number of batches, cached, shuffled anew every epoch
+    (seeded by `seed` and `rank`), scaled to float32 [0, 1], in batches of
     ([batch_size, 28, 28, 1] float32, [batch_size] int32), prefetched."""
     import tensorflow_datasets as tfds
 
@@ -102,9 +103,9 @@ def input_pipeline(rank: int, size: int, batch_size: int, seed: int, examples=No
     batches = total // size // batch_size
     if batches == 0:
         raise ValueError(f"examples: {total} examples give no batch of {batch_size} to each of {size} workers")
-    data = tfds.load(NAME, split=f"train[:{total}]", as_supervised=True, download=False,
-                     data_dir=prepare(data_dir))
-    return (data.shard(size, rank).take(batches * batch_size).cache()
+    shard = tfds.even_splits(f"train[:{total}]", n=size, drop_remainder=True)[rank]
+    data = tfds.load(NAME, split=shard, as_supervised=True, download=False, data_dir=prepare(data_dir))
+    return (data.take(batches * batch_size).cache()
             .shuffle(batches * batch_size, seed=seed * 1000 + rank, reshuffle_each_iteration=True)
             .map(_scale, num_parallel_calls=tf.data.AUTOTUNE)
             .batch(batch_size, drop_remainder=True)
