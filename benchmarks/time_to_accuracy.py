@@ -1,7 +1,8 @@
 """Time to accuracy on an emulated cluster: does the model train to the same accuracy sooner?
 
     python -m benchmarks.time_to_accuracy [--hosts=4] [--models=cnn,vit] [--seeds=2] [--steps=400]
-        [--rates=1gbit,10gbit,none] [--configs=dense,...] [--resume] [--out_dir=benchmarks/results]
+        [--rates=1gbit,10gbit,none] [--configs=dense,...] [--calibration_cache=warm|none] [--resume]
+        [--out_dir=benchmarks/results]
 
 Needs root (benchmarks/cluster.py). On --hosts emulated hosts, one Horovod worker each, it trains
 each model of --models (examples/models.py) on Fashion-MNIST with every configuration of `RUNS`:
@@ -14,7 +15,9 @@ each model of --models (examples/models.py) on Fashion-MNIST with every configur
 tfcomp's default plan), with seeds 0 .. --seeds-1, interleaved: every seed runs every model and
 configuration before the next seed starts, the link rate re-shaped in place between runs. Each run
 records test accuracy against training wall-clock time (the clock stops for evaluation; it includes
-tracing and tfcomp's calibration).
+tracing and tfcomp's calibration). With --calibration_cache=warm (default) the compression costs
+come from a cache filled before the timed runs (each run still measures its networks), as in every
+job after a host's first; with none, every run measures everything.
 
 The target accuracy of a model is the mean final accuracy of its dense runs (all rates) less 0.5
 point. A run's time to target is the training time at the first evaluation at or above the target.
@@ -50,12 +53,36 @@ flags.DEFINE_list("configs", None, "Configurations to run (default: every one of
 flags.DEFINE_bool("resume", False, "Keep the runs already in the JSON and run only the missing ones.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON, Markdown and PNGs go.")
 flags.DEFINE_integer("run_timeout", 900, "Seconds before one training run is abandoned.")
+flags.DEFINE_enum("calibration_cache", "warm", ["warm", "none"],
+                  "warm: the runs share one calibration cache, filled before the timed runs by one calibration "
+                  "job per model and tfcomp configuration, so that every run measures its networks and takes "
+                  "the compression costs from the cache, as every job after a host's first does; none: no "
+                  "cache, every run measures everything, as a job on hosts that never calibrated does.")
+
+_UNCOMPRESSED = ("dense", "fp16")  # plain Horovod: no calibration
 
 def _key(run: dict) -> tuple:
     return run["model"], run["rate"], run["config"], run["seed"]
 
 
-def _run_one(cluster, model, rate, config, seed) -> dict:
+def _warm_cache(cluster, cache, todo) -> None:
+    """Fills `cache` with the compression costs of every model and tfcomp configuration in `todo`:
+    one calibration job each (benchmarks/calibration_benchmark.py's worker), on the slowest link
+    rate of the runs, where the costs are measured in full (on a fast one a first stage may find
+    that compression cannot pay there and measure no more)."""
+    rates = [rate for rate in ("1gbit", "10gbit", "none") if any(t[1] == rate for t in todo)]
+    cluster.set_rate(None if rates[0] == "none" else rates[0])
+    for model, config in dict.fromkeys((model, config) for model, _, config, _ in todo if config not in _UNCOMPRESSED):
+        command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.calibration_benchmark", "--role=worker",
+                                               f"--calibrated_model={model}", f"--compressor_config={config}"]
+        done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": cache}, timeout=FLAGS.run_timeout, capture=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"calibrating {model} {config} failed (exit {done.returncode}):\n"
+                               f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}")
+        print(f"calibration cache: {model} {config} measured", flush=True)
+
+
+def _run_one(cluster, model, rate, config, seed, cache) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run.json")
         command = cluster.horovodrun_args() + [
@@ -63,15 +90,13 @@ def _run_one(cluster, model, rate, config, seed) -> dict:
             f"--seed={seed}", f"--steps={FLAGS.steps}", f"--eval_every={FLAGS.eval_every}",
             f"--json_out={out}"]
         started = time.perf_counter()
-        # No calibration cache: every run calibrates, as a job's first run does (the cache is keyed
-        # by host and layout, not by the link rate this benchmark changes).
-        done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": "none"}, timeout=FLAGS.run_timeout, capture=True)
+        done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": cache}, timeout=FLAGS.run_timeout, capture=True)
         if done.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"{model} {rate} {config} seed {seed} failed (exit {done.returncode}):\n"
                                f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}")
         with open(out) as f:
             run = json.load(f)
-    run.update(rate=rate, job_seconds=time.perf_counter() - started)
+    run.update(rate=rate, job_seconds=time.perf_counter() - started, calibration_cache=FLAGS.calibration_cache)
     return run
 
 
@@ -89,10 +114,14 @@ def main(argv):
             for rate in FLAGS.rates for config in RUNS[rate]
             if (model, rate, config, seed) not in done and (FLAGS.configs is None or config in FLAGS.configs)]
     started = time.time()
-    with Cluster(hosts=FLAGS.hosts, rate=None) as cluster:
+    cache_dir = tempfile.TemporaryDirectory()
+    cache = os.path.join(cache_dir.name, "calibration.json") if FLAGS.calibration_cache == "warm" else "none"
+    with cache_dir, Cluster(hosts=FLAGS.hosts, rate=None) as cluster:
+        if FLAGS.calibration_cache == "warm" and todo:
+            _warm_cache(cluster, cache, todo)
         for n, (model, rate, config, seed) in enumerate(todo):
             cluster.set_rate(None if rate == "none" else rate)
-            run = _run_one(cluster, model, rate, config, seed)
+            run = _run_one(cluster, model, rate, config, seed, cache)
             runs.append(run)
             json_path.write_text(json.dumps({"hosts": FLAGS.hosts, "steps": FLAGS.steps, "runs": runs}, indent=1))
             print(f"[{n + 1}/{len(todo)}, {(time.time() - started) / 60:.1f} min] {model} {rate} {config} seed {seed}: "

@@ -251,34 +251,76 @@ def check_planning(report):
     report["plan/strategies"] = [b.strategy for b in exchange.plan.buckets]
 
     original_measure = tfcomp.calibration._measure
-    measured = []
+    original_compression = tfcomp.calibration.measure_compression
+    original_networks = tfcomp.calibration._measure_networks
+    measured, network_measured = [], []
 
     def counted(*args, **kwargs):
         measured.append(1)
-        return original_measure(*args, **kwargs)
+        return original_compression(*args, **kwargs)
 
-    tfcomp.calibration._measure = counted
-    try:  # the second exchange with the same settings reuses rank 0's cached figures
+    def counted_networks(*args, **kwargs):
+        network_measured.append(1)
+        return original_networks(*args, **kwargs)
+
+    tfcomp.calibration.measure_compression = counted
+    tfcomp.calibration._measure_networks = counted_networks
+    try:  # the second exchange with the same settings reuses rank 0's cached compression figures
         first, second = (tfcomp.GradientExchange(tfcomp.DRAGONN(0.04)) for _ in range(2))
         first(grads, variables)
         report["plan/measured_after_first"] = len(measured)
+        report["plan/networks_measured_after_first"] = len(network_measured)
         second(grads, variables)
         report["plan/measured_after_second"] = len(measured)
-        report["plan/cached_cluster_equal"] = first.plan.cluster == second.plan.cluster
+        report["plan/networks_measured_after_second"] = len(network_measured)
+        report["plan/cached_compression_equal"] = (
+            tfcomp.calibration.CompressionFigures.of(first.plan.cluster)
+            == tfcomp.calibration.CompressionFigures.of(second.plan.cluster))
     finally:
-        tfcomp.calibration._measure = original_measure
+        tfcomp.calibration.measure_compression = original_compression
+        tfcomp.calibration._measure_networks = original_networks
+
+    # Cached lower bounds (a first stage that found compression could not pay): kept on a network
+    # where they still rule compression out, measured past where they no longer do.
+    calibration, cost_model = tfcomp.calibration, tfcomp.cost_model
+    sizes = [int(np.prod(s)) for s in shapes]
+    compressor = tfcomp.DRAGONN(0.03)
+    key = calibration.cache_key(compressor, hvd.global_process_set, sum(sizes), sizes)
+    cache_path = calibration._cache_path()
+    network = cost_model.Network(1e-4, 1e8)
+
+    def lower_bounds(c1):
+        if hvd.rank() == 0:
+            calibration._write_cache(cache_path, key, cost_model.ClusterModel(
+                hvd.size(), network, network, cost_model.AffineCost(0.0, c1)), complete=False)
+
+    measured.clear()
+    tfcomp.calibration.measure_compression = counted
+    try:
+        lower_bounds(1e-3)  # a millisecond per element: compressing cannot pay on any network
+        ruled_out = calibration.calibrate(compressor, hvd.global_process_set, sum(sizes), sizes)
+        report["plan/lower_bounds_kept_measured"] = len(measured)
+        report["plan/lower_bounds_kept_c1"] = ruled_out.encode_decode.c1
+        lower_bounds(0.0)  # free compression: it could pay, so the costs are measured
+        calibration.calibrate(compressor, hvd.global_process_set, sum(sizes), sizes)
+        report["plan/lower_bounds_passed_measured"] = len(measured)
+        if hvd.rank() == 0:
+            report["plan/lower_bounds_passed_cached_c1"] = calibration._read_cache(cache_path, key)[0].encode_decode.c1
+    finally:
+        tfcomp.calibration.measure_compression = original_compression
 
     # No cache: the next two exchanges measure their own figures.
     original_cache = os.environ.get(tfcomp.calibration.CACHE_ENV)
     os.environ[tfcomp.calibration.CACHE_ENV] = "none"
 
     def perturbed(*args, **kwargs):
-        model = original_measure(*args, **kwargs)
+        model, figures, measured_now = original_measure(*args, **kwargs)
         if hvd.rank() != 1:
-            return model
+            return model, figures, measured_now
         slow = tfcomp.cost_model.Network(1.0, 1e3)  # 1 s and 1 kB/s
         report["plan/perturbed_own_bandwidth"] = slow.bandwidth
-        return tfcomp.cost_model.ClusterModel(model.workers, slow, slow, tfcomp.cost_model.AffineCost(0.0, 0.0))
+        return (tfcomp.cost_model.ClusterModel(model.workers, slow, slow, tfcomp.cost_model.AffineCost(0.0, 0.0)),
+                figures, measured_now)
 
     tfcomp.calibration._measure = perturbed
     try:
@@ -292,7 +334,6 @@ def check_planning(report):
 
     # Rank 0's first network figures are those of a slow spell (1 s a collective): its compression
     # probes cannot be explained by them, and every rank measures both once more.
-    original_networks = tfcomp.calibration._measure_networks
     network_measurements = []
 
     def slow_spell_first_on_rank_0(*args, **kwargs):

@@ -250,8 +250,10 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
     path = str(tmp_path / "sub" / "calibration.json")
     model = cm.ClusterModel(4, cm.Network(1e-4, 1e9), cm.Network(2e-4, 2e9), cm.AffineCost(1e-4, 3e-9))
     calibration._write_cache(path, "key-a", model)
-    calibration._write_cache(path, "key-b", cm.ClusterModel(2, model.allreduce, model.allgather, model.encode_decode))
-    assert calibration._read_cache(path, "key-a") == model
+    calibration._write_cache(path, "key-b", cm.ClusterModel(2, model.allreduce, model.allgather, model.encode_decode),
+                             complete=False)
+    assert calibration._read_cache(path, "key-b")[1] is False
+    assert calibration._read_cache(path, "key-a") == (model, True)
     assert calibration._read_cache(path, "key-c") is None
     ps = global_process_set()
 
@@ -357,7 +359,7 @@ def test_an_unusable_cache_is_reported_in_one_line_ignored_and_rewritten(rng, tm
     caplog.clear()
     model = random_model(rng)
     calibration._write_cache(str(path), "key", model)
-    assert calibration._read_cache(str(path), "key", workers=2) == model
+    assert calibration._read_cache(str(path), "key", workers=2) == (model, True)
     assert caplog.text == ""
     whole_file = content in BAD_FILES.values()
     assert os.path.exists(f"{path}.bad") == whole_file
@@ -396,8 +398,8 @@ def test_rewriting_keeps_the_other_usable_entries_and_drops_unusable_ones(tmp_pa
     calibration._write_cache(str(path), "key", ours)
     content = json.loads(path.read_text())
     assert set(content["entries"]) == {"kept", "key"}
-    assert calibration._read_cache(str(path), "kept", workers=4) == kept
-    assert calibration._read_cache(str(path), "key", workers=2) == ours
+    assert calibration._read_cache(str(path), "kept", workers=4) == (kept, False)  # written without "complete"
+    assert calibration._read_cache(str(path), "key", workers=2) == (ours, True)
 
 
 def test_a_write_interrupted_halfway_leaves_the_old_file(tmp_path, rng, monkeypatch):
@@ -418,7 +420,7 @@ def test_a_write_interrupted_halfway_leaves_the_old_file(tmp_path, rng, monkeypa
     with pytest.raises(KeyboardInterrupt):
         calibration._write_cache(path, "key", random_model(rng))
     assert open(path, "rb").read() == before
-    assert calibration._read_cache(path, "key", workers=2) == old
+    assert calibration._read_cache(path, "key", workers=2) == (old, True)
     assert os.listdir(tmp_path) == ["calibration.json"]
 
 
@@ -447,7 +449,15 @@ def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, 
     global_process_set()
     measured = random_model(rng)
     calls = []
-    monkeypatch.setattr(calibration, "_measure", lambda *args: calls.append(args) or measured)
+
+    def fake_measure(compressor, process_set, max_elements, tensor_elements, cached):
+        """The network always measured; the compression figures measured only without `cached`."""
+        calls.append(cached)
+        if cached is None:
+            return measured, calibration.CompressionFigures.of(measured), True
+        return cached.apply(measured), cached, False
+
+    monkeypatch.setattr(calibration, "_measure", fake_measure)
     monkeypatch.setattr(calibration, "_rank0_value", lambda value, process_set: value)
     monkeypatch.setattr(calibration.hvd, "broadcast", lambda tensor, root, **kwargs: tensor)
     path = tmp_path / "calibration.json"
@@ -456,7 +466,8 @@ def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, 
     key = calibration.cache_key(compressor, process_set, 2**20)
     path.write_text(content.replace('"key"', json.dumps(key)))
     assert calibration.calibrate(compressor, process_set, 2**20) == measured
-    assert len(calls) == 1 and len(caplog.records) == 1
+    assert calls == [None] and len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
     caplog.clear()
     assert calibration.calibrate(compressor, process_set, 2**20) == measured  # from the rewritten cache
-    assert len(calls) == 1 and caplog.text == ""
+    assert calls[1:] == [calibration.CompressionFigures.of(measured)]
+    assert "WARNING" not in caplog.text

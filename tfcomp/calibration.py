@@ -27,11 +27,14 @@ interleaved round by round in three blocks, the block that lies furthest out lef
 spell of a shared machine), and the medians taken.
 
 Every rank measures (so that the figures include the contention of all workers computing at once),
-and rank 0's figures are broadcast, so every rank plans from the same numbers. Rank 0 caches them
-in a JSON file (`TFCOMP_CALIBRATION_CACHE`, default `~/.cache/tfcomp/calibration.json`; "none"
-turns the cache off) keyed by the machine (rank 0's host name and CPU), the world layout, the
-TensorFlow and tfcomp versions, the compressor's settings and the gradients' sizes (as far as they
-size the probes); a change of any of them measures again.
+and rank 0's figures are broadcast, so every rank plans from the same numbers. The networks are
+measured by every job (the same hosts may be linked at another rate tomorrow). The compression
+costs are a property of the hosts and the compressor, not of the network: rank 0 caches them in a
+JSON file (`TFCOMP_CALIBRATION_CACHE`, default `~/.cache/tfcomp/calibration.json`; "none" turns
+the cache off) keyed by the machine (rank 0's host name and CPU), the world layout, the TensorFlow
+and tfcomp versions, the compressor's settings and the gradients' sizes (as far as they size the
+probes); a change of any of them measures again. A first stage's lower bounds are cached as such:
+a later job on a network where they no longer rule compression out measures the rest.
 """
 
 from __future__ import annotations
@@ -292,6 +295,12 @@ class CompressionFigures(NamedTuple):
     explained: bool = True
     complete: bool = True
 
+    @classmethod
+    def of(cls, cluster: ClusterModel, complete: bool = True) -> "CompressionFigures":
+        """The compression figures in `cluster` (explained: a cache keeps only explained ones)."""
+        return cls(cluster.encode_decode, cluster.compression_per_tensor, cluster.merge_per_element,
+                   cluster.compression_fixed, True, complete)
+
     def apply(self, cluster: ClusterModel) -> ClusterModel:
         """`cluster` with these compression figures."""
         return dataclasses.replace(cluster, encode_decode=self.encode_decode, compression_per_tensor=self.per_tensor,
@@ -467,10 +476,12 @@ def _report_cache(path, problem: str) -> None:
 
 
 def _read_cache(path, key, workers=None):
-    """The cached figures for `key` (for `workers` workers where given), or None: where there are
-    none, and where the file or the entry is unusable (corrupt, of another format or version, of
-    the wrong shape, absurd figures, another worker count), which is reported in one line on
-    stderr; the caller measures again and `_write_cache` replaces it."""
+    """(figures, complete) cached for `key` (for `workers` workers where given; `complete` False
+    for the lower bounds of a first stage that found compression could not pay, and for entries
+    written before that was recorded), or None: where there are none, and where the file or the
+    entry is unusable (corrupt, of another format or version, of the wrong shape, absurd figures,
+    another worker count), which is reported in one line on stderr; the caller measures again and
+    `_write_cache` replaces it."""
     try:
         entry = _cache_entries(path).get(key)
     except ValueError as error:
@@ -478,14 +489,15 @@ def _read_cache(path, key, workers=None):
                             f"{path}.bad)")
         return None
     try:
-        return None if entry is None else _cache_entry_model(entry, workers)
+        return None if entry is None else (_cache_entry_model(entry, workers), entry.get("complete") is True)
     except ValueError as error:
         _report_cache(path, f"entry {key}: {error}; ignored, measuring again")
         return None
 
 
-def _write_cache(path, key, model: ClusterModel) -> None:
-    """Adds (or replaces) `key`'s entry, keeping the other usable entries. Atomic: the file is
+def _write_cache(path, key, model: ClusterModel, complete: bool = True) -> None:
+    """Adds (or replaces) `key`'s entry (`complete`: see `_read_cache`), keeping the other usable
+    entries. Atomic: the file is
     written beside the old one and renamed over it, so a killed job leaves the old file or the new
     one. A file that is not a usable cache is kept as `<path>.bad`. Failures are reported, not
     raised (a read-only home must not stop training)."""
@@ -503,7 +515,8 @@ def _write_cache(path, key, model: ClusterModel) -> None:
             except ValueError:
                 continue
             kept[other] = entry
-        kept[key] = {"figures": model.validate().to_list(), "host": platform.node(), "time": time.time()}
+        kept[key] = {"figures": model.validate().to_list(), "complete": bool(complete), "host": platform.node(),
+                     "time": time.time()}
         with open(temporary, "w", encoding="utf-8") as f:
             json.dump({"format": _CACHE_FORMAT, "version": _CACHE_VERSION, "entries": kept}, f, indent=1,
                       allow_nan=False)
@@ -519,14 +532,19 @@ def _write_cache(path, key, model: ClusterModel) -> None:
             os.remove(temporary)
 
 
-def _measure(compressor, process_set, max_elements: int, tensor_elements=()) -> ClusterModel:
-    """This rank's measurements (every rank runs the same collectives in the same order). When rank
-    0's network figures do not explain its compressed probes' times (a slow spell while the network
-    was measured), every rank measures both once more, and keeps the second figures whatever they are.
-    Where rank 0's lower bounds of the compression costs already make the plan of `tensor_elements`
-    all dense, those are the figures (`measure_compression`'s `could_pay`)."""
+def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cached=None) -> tuple:
+    """(this rank's figures, the CompressionFigures in them, whether those were measured now):
+    every rank runs the same collectives in the same order. The networks are always measured (a
+    link's rate can change from job to job on the same hosts); the compression costs are taken
+    from `cached` (rank 0's CompressionFigures from the cache; a placeholder on the other ranks,
+    whose figures rank 0's replace) where it is complete, or where its lower bounds already make
+    the plan of `tensor_elements` all dense on this network; otherwise measured. When rank 0's
+    network figures do not explain its compressed probes' times (a slow spell while the network
+    was measured), every rank measures both once more, and keeps the second figures whatever they
+    are. Where rank 0's lower bounds of the compression costs already make the plan all dense,
+    those are the figures (`measure_compression`'s `could_pay`)."""
     if available_strategies(compressor) == ("dense",):
-        return _measure_networks(process_set, max_elements)
+        return _measure_networks(process_set, max_elements), None, False
     collectives = HorovodCollectives(process_set)
     tensors = [(i, f"gradient_{i}", int(n)) for i, n in enumerate(tensor_elements or [max_elements])]
     for attempt in range(_MEASUREMENT_ATTEMPTS):
@@ -537,6 +555,9 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=()) -> 
             could = not lower.explained or bool(make_plan(tensors, compressor, lower.apply(network)).compressed)
             return _rank0_value(float(could), process_set) == 1.0
 
+        if cached is not None and (cached.complete or not could_pay(cached)):
+            return cached.apply(network), cached, False
+        cached = None  # lower bounds that no longer rule compression out: measured below
         figures = measure_compression(compressor, process_set.size(), max_elements, network, collectives,
                                       tensor_elements, could_pay)
         if not figures.complete:
@@ -551,14 +572,18 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=()) -> 
             again = "measuring again" if attempt + 1 < _MEASUREMENT_ATTEMPTS else "compression priced at whole probe times"
             logging.warning("tfcomp: calibration: the network figures do not explain the compressed probes' times; %s",
                             again)
-    return figures.apply(network)
+    return figures.apply(network), figures, True
 
 
 def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23,
               tensor_elements=()) -> ClusterModel:
     """The cluster's figures, rank 0's on every rank, for gradients of `max_elements` float32 in
     tensors of `tensor_elements` (ints in backprop order; empty: unknown). Runs eagerly; every rank
-    of `process_set` must call it at the same point (the exchange does, on its first step)."""
+    of `process_set` must call it at the same point (the exchange does, on its first step).
+
+    The networks are measured every time; the compression costs, which depend on the hosts and
+    the compressor but not on the network, come from rank 0's cache where it has them (`CACHE_ENV`),
+    so that every job after a host's first pays for the network probes only."""
     if max_elements < 1:
         raise ValueError(f"max_elements must be a number of float32 elements >= 1, got {max_elements}")
     if any(n < 0 for n in tensor_elements):
@@ -566,14 +591,19 @@ def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int 
     workers = process_set.size()
     if workers == 1:
         return ClusterModel.unpriced(1)
+    started = time.perf_counter()
     path, key = _cache_path(), cache_key(compressor, process_set, max_elements, tensor_elements)
-    cached = _read_cache(path, key, workers) if path and process_set.rank() == 0 else None
-    if _rank0_value(0.0 if cached is None else 1.0, process_set) == 0.0:
-        model = _measure(compressor, process_set, max_elements, tensor_elements)
-        if path and process_set.rank() == 0:
-            _write_cache(path, key, model)
-    else:
-        model = cached if cached is not None else ClusterModel.unpriced(workers)  # replaced by rank 0's below
-    figures = tf.constant(model.to_list(), tf.float64)
-    shared = hvd.broadcast(figures, 0, process_set=process_set, name="tfcomp_calibration_figures").numpy()
+    entry = _read_cache(path, key, workers) if path and process_set.rank() == 0 else None
+    # Rank 0's cached compression figures: 0 none, 1 lower bounds, 2 complete (a placeholder elsewhere).
+    found, cached = _rank0_value(0.0 if entry is None else 1.0 + float(entry[1]), process_set), None
+    if found:
+        cached = CompressionFigures.of(entry[0] if entry is not None else ClusterModel.unpriced(workers), found == 2.0)
+    model, figures, measured = _measure(compressor, process_set, max_elements, tensor_elements, cached)
+    if measured and figures.explained and path and process_set.rank() == 0:
+        _write_cache(path, key, model, figures.complete)
+    shared = hvd.broadcast(tf.constant(model.to_list(), tf.float64), 0, process_set=process_set,
+                           name="tfcomp_calibration_figures").numpy()
+    if process_set.rank() == 0:
+        source = "measured" if measured else ("cached" if figures is not None else "not needed (dense only)")
+        logging.info("tfcomp: calibration took %.1f s (compression costs %s)", time.perf_counter() - started, source)
     return ClusterModel.from_list(np.asarray(shared, dtype=np.float64))

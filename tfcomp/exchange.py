@@ -167,7 +167,8 @@ class GradientExchange(tf.Module):
 
     @property
     def calibration_seconds(self) -> float:
-        """How long the first plan's calibration took (0: cached, or none)."""
+        """Seconds the first plan's calibration took: the network probes alone where the
+        compression costs came from the cache; 0 where there was none (one worker, planning off)."""
         return self._planner.calibration_seconds
 
     # -- Horovod's calling protocol ----------------------------------------------------------------

@@ -49,7 +49,7 @@ class Planner:
         self.process_set = process_set
         self.settings = settings
         self.cluster = None
-        self.calibration_seconds = 0.0  # how long calibration took (0: cached, or none)
+        self.calibration_seconds = 0.0  # how long calibration took (0: none)
 
     def plan(self, tensors, signature) -> planning.Plan:
         """The plan for `tensors` = [(position, name, elements)] in backprop order (the gradients
