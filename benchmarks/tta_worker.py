@@ -11,7 +11,9 @@ for the evaluation: the times recorded are training wall-clock seconds since the
 including the first step's tracing and tfcomp's calibration.
 
 Optimizers (`MODEL_OPTIMIZERS`): the CNN trains with SGD, momentum 0.9, learning rate 0.025 per
-worker times the workers; the ViT with Adam at 0.001 (SGD with momentum reached 43 % after 400
+worker times the workers, reached by a linear warm-up from 0.025 over the first --warmup_steps
+steps (Goyal et al.'s gradual warm-up for linearly scaled rates; without it, plain Horovod's run of
+seed 0 diverged in its first 50 steps); the ViT with Adam at 0.001 (SGD with momentum reached 43 % after 400
 steps of batch 128 where Adam reached 77 %).
 
 Configurations (`CONFIGS`): `dense` (stock Horovod allreduce) and `fp16` (Horovod's fp16
@@ -34,7 +36,7 @@ import tfcomp
 from examples import fashion_mnist
 from examples.models import build_model
 
-__all__ = ["CONFIGS", "MODEL_OPTIMIZERS", "make_compression", "make_optimizer"]
+__all__ = ["CONFIGS", "LinearWarmup", "MODEL_OPTIMIZERS", "make_compression", "make_optimizer"]
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("model", "cnn", ["cnn", "vit"], "Model of examples/models.py.")
@@ -44,6 +46,7 @@ flags.DEFINE_integer("steps", 400, "Training steps.")
 flags.DEFINE_integer("eval_every", 50, "Steps between evaluations.")
 flags.DEFINE_integer("batch_size", 32, "Batch size per worker.")
 flags.DEFINE_float("lr", None, "Learning rate; unset: the model's (MODEL_OPTIMIZERS).")
+flags.DEFINE_integer("warmup_steps", 50, "Steps of linear learning-rate warm-up where the rate is scaled by the workers.")
 flags.DEFINE_integer("test_examples", 4000, "Test images evaluated (shared out among the workers).")
 flags.DEFINE_integer("threads", 1, "TensorFlow intra-op and inter-op threads per worker.")
 flags.DEFINE_string("json_out", None, "Where rank 0 writes the run's record.")
@@ -69,10 +72,28 @@ def make_compression(config: str, momentum_correction: bool):
     return _SPARSIFIERS[name](float(ratio)), MOMENTUM
 
 
-def make_optimizer(model: str, momentum: float, lr=None):
-    """The inner Keras optimizer of `model` (MODEL_OPTIMIZERS), at `lr` if given."""
+@tf.keras.utils.register_keras_serializable(package="tfcomp_benchmarks")  # Horovod rebuilds the optimizer from its config
+class LinearWarmup(tf.keras.optimizers.schedules.LearningRateSchedule):
+    """`start` at step 0, rising linearly to `peak` at `steps`, then `peak` (float32 scalar)."""
+
+    def __init__(self, start: float, peak: float, steps: int):
+        self.start, self.peak, self.steps = float(start), float(peak), int(steps)
+
+    def __call__(self, step):
+        progress = tf.minimum(tf.cast(step, tf.float32) / max(self.steps, 1), 1.0)
+        return self.start + (self.peak - self.start) * progress
+
+    def get_config(self):
+        return {"start": self.start, "peak": self.peak, "steps": self.steps}
+
+
+def make_optimizer(model: str, momentum: float, lr=None, warmup_steps: int = 0):
+    """The inner Keras optimizer of `model` (MODEL_OPTIMIZERS), at `lr` if given; a rate scaled by
+    the workers is reached by a linear warm-up over `warmup_steps` from one worker's rate."""
     kind, default_lr, scaled = MODEL_OPTIMIZERS[model]
     lr = (default_lr * hvd.size() if scaled else default_lr) if lr is None else lr
+    if scaled and warmup_steps > 0:
+        lr = LinearWarmup(lr / hvd.size(), lr, warmup_steps)
     if kind == "adam":
         return tf.keras.optimizers.Adam(lr)
     return tf.keras.optimizers.SGD(lr, momentum=momentum)
@@ -129,7 +150,8 @@ def main(argv):
     x_test, y_test = fashion_mnist.test_arrays(FLAGS.test_examples)
     x_test, y_test = x_test[hvd.rank()::hvd.size()], y_test[hvd.rank()::hvd.size()]
 
-    optimizer = hvd.DistributedOptimizer(make_optimizer(FLAGS.model, momentum, FLAGS.lr), compression=compression)
+    optimizer = hvd.DistributedOptimizer(make_optimizer(FLAGS.model, momentum, FLAGS.lr, FLAGS.warmup_steps),
+                                         compression=compression)
     model = build_model(FLAGS.model, x_test.shape[1:], 10)
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -149,6 +171,7 @@ def main(argv):
                   "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
                   "steps": FLAGS.steps, "batch_size": FLAGS.batch_size,
                   "optimizer": optimizer.get_config()["name"], "lr": float(optimizer.learning_rate),
+                  "warmup_steps": FLAGS.warmup_steps if MODEL_OPTIMIZERS[FLAGS.model][2] else 0,
                   "timeline": record.timeline, "final_accuracy": record.timeline[-1][2],
                   "dense_bytes_per_step": dense, "sent_bytes_per_step": sent,
                   "calibration_seconds": calibration, "plan": plan}
