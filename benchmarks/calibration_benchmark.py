@@ -54,7 +54,7 @@ def _worker() -> None:
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    compressor, _ = make_compression(FLAGS.compressor_config, MODEL_OPTIMIZERS[FLAGS.calibrated_model][0] == "sgd")
+    compressor, _ = make_compression(FLAGS.compressor_config, MODEL_OPTIMIZERS[FLAGS.calibrated_model][0])
     model = build_model(FLAGS.calibrated_model, (28, 28, 1), 10)
     tensors = [(i, v.name, int(v.shape.num_elements())) for i, v in reversed(list(enumerate(model.trainable_variables)))]
     sizes = [n for _, _, n in tensors]

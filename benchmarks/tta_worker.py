@@ -20,8 +20,9 @@ Configurations (`CONFIGS`): `dense` (stock Horovod allreduce) and `fp16` (Horovo
 compression); `dragonn_0.01`, `dragonn_0.001`, `dgc_0.01` and `topk_0.01`: the tfcomp compressor
 with the default plan (the cost model chooses per bucket whether and how to compress) and error
 feedback: for the CNN with DGC's momentum correction (the momentum 0.9 moves into the error
-feedback, the optimizer is plain SGD), for the ViT plain residuals under Adam. Rank 0 writes
---json_out.
+feedback, the optimizer is plain SGD), for the ViT with Adam correction (each worker's Adam
+moments move into the exchange, which sends Adam's step direction with error feedback; the
+optimizer is plain SGD at Adam's rate). Rank 0 writes --json_out.
 """
 
 import json
@@ -58,18 +59,20 @@ _SPARSIFIERS = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC, "topk": tfcomp.Top
 CONFIGS = ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01")
 
 
-def make_compression(config: str, momentum_correction: bool):
-    """(compression argument, the inner SGD's momentum) of a configuration name."""
+def make_compression(config: str, optimizer: str):
+    """(compression argument, whether the exchange corrects the optimizer) of a configuration
+    name for a model trained with `optimizer` ("sgd" or "adam"): the tfcomp sparsifiers with DGC's
+    momentum correction under SGD, with Adam correction under Adam (both: the optimizer's state
+    moves into the exchange, the inner optimizer is plain SGD)."""
     if config == "dense":
-        return hvd.Compression.none, MOMENTUM
+        return hvd.Compression.none, False
     if config == "fp16":
-        return hvd.Compression.fp16, MOMENTUM
+        return hvd.Compression.fp16, False
     name, _, ratio = config.partition("_")
     if name not in _SPARSIFIERS or not ratio:
         raise ValueError(f"--config: {config!r} is not one of {', '.join(CONFIGS)} (or <sparsifier>_<ratio>)")
-    if momentum_correction:
-        return _SPARSIFIERS[name](float(ratio), momentum=MOMENTUM), 0.0
-    return _SPARSIFIERS[name](float(ratio)), MOMENTUM
+    correction = {"momentum": MOMENTUM} if optimizer == "sgd" else {"adam": True}
+    return _SPARSIFIERS[name](float(ratio), **correction), True
 
 
 @tf.keras.utils.register_keras_serializable(package="tfcomp_benchmarks")  # Horovod rebuilds the optimizer from its config
@@ -87,16 +90,19 @@ class LinearWarmup(tf.keras.optimizers.schedules.LearningRateSchedule):
         return {"start": self.start, "peak": self.peak, "steps": self.steps}
 
 
-def make_optimizer(model: str, momentum: float, lr=None, warmup_steps: int = 0):
-    """The inner Keras optimizer of `model` (MODEL_OPTIMIZERS), at `lr` if given; a rate scaled by
-    the workers is reached by a linear warm-up over `warmup_steps` from one worker's rate."""
+def make_optimizer(model: str, corrected: bool, lr=None, warmup_steps: int = 0):
+    """The inner Keras optimizer of `model` (MODEL_OPTIMIZERS), at `lr` if given: plain SGD where
+    the exchange `corrected` the optimizer (keeps its momentum or Adam's moments). A rate scaled
+    by the workers is reached by a linear warm-up over `warmup_steps` from one worker's rate."""
     kind, default_lr, scaled = MODEL_OPTIMIZERS[model]
     lr = (default_lr * hvd.size() if scaled else default_lr) if lr is None else lr
     if scaled and warmup_steps > 0:
         lr = LinearWarmup(lr / hvd.size(), lr, warmup_steps)
+    if corrected:
+        return tf.keras.optimizers.SGD(lr, momentum=0.0)
     if kind == "adam":
         return tf.keras.optimizers.Adam(lr)
-    return tf.keras.optimizers.SGD(lr, momentum=momentum)
+    return tf.keras.optimizers.SGD(lr, momentum=MOMENTUM)
 
 
 def _barrier() -> None:
@@ -144,13 +150,13 @@ def main(argv):
     tf.config.threading.set_intra_op_parallelism_threads(FLAGS.threads)
     tf.config.threading.set_inter_op_parallelism_threads(FLAGS.threads)
     tf.keras.utils.set_random_seed(FLAGS.seed)
-    compression, momentum = make_compression(FLAGS.config, MODEL_OPTIMIZERS[FLAGS.model][0] == "sgd")
+    compression, corrected = make_compression(FLAGS.config, MODEL_OPTIMIZERS[FLAGS.model][0])
 
     train = fashion_mnist.input_pipeline(hvd.rank(), hvd.size(), FLAGS.batch_size, FLAGS.seed)
     x_test, y_test = fashion_mnist.test_arrays(FLAGS.test_examples)
     x_test, y_test = x_test[hvd.rank()::hvd.size()], y_test[hvd.rank()::hvd.size()]
 
-    optimizer = hvd.DistributedOptimizer(make_optimizer(FLAGS.model, momentum, FLAGS.lr, FLAGS.warmup_steps),
+    optimizer = hvd.DistributedOptimizer(make_optimizer(FLAGS.model, corrected, FLAGS.lr, FLAGS.warmup_steps),
                                          compression=compression)
     model = build_model(FLAGS.model, x_test.shape[1:], 10)
     model.compile(optimizer=optimizer, metrics=["accuracy"],

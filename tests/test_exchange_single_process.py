@@ -88,6 +88,10 @@ def momentum(exchange, var):
     return exchange.memory.momentum(var, var.shape.num_elements()).numpy().reshape(var.shape)
 
 
+def second_moment(exchange, var):
+    return exchange.memory.second_moment(var, var.shape.num_elements()).numpy().reshape(var.shape)
+
+
 def assert_slices_pass_through(reduced, slices):
     assert isinstance(reduced, tf.IndexedSlices)
     np.testing.assert_array_equal(reduced.indices.numpy(), slices.indices.numpy())
@@ -183,6 +187,59 @@ def test_momentum_correction(rng, name):
             np.testing.assert_allclose(momentum(exchange, problem.vars[n]), u_new, rtol=1e-6, atol=1e-6)
             u_old[n] = u_new
         assert_slices_pass_through(reduced_slices, slices)  # IndexedSlices: no momentum
+
+
+@pytest.mark.parametrize("name", ["DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD"])
+def test_adam_correction(rng, name):
+    """Adam correction: m <- b1 m + (1 - b1) g and v <- b2 v + (1 - b2) g^2 are kept whole (never
+    masked); the residual accumulates d = m^ / (sqrt(v^) + eps) at step t (bias correction
+    1 - b^t): sent + r_new == r_old + d, r_new zero where a sparsifier sent. Tensors the plan
+    sends dense send d and keep no residual (an all-dense plan is Adam)."""
+    beta_1, beta_2, epsilon = 0.8, 0.95, 1e-3
+    exchange = tfcomp.GradientExchange(COMPRESSORS[name](adam=(beta_1, beta_2, epsilon)))
+    problem = Problem(rng)
+    m = {n: np.zeros(SHAPES[n], np.float64) for n in SHAPES}
+    v = {n: np.zeros(SHAPES[n], np.float64) for n in SHAPES}
+    r_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    for t in range(1, 5):
+        grads, slices = problem.grads()
+        reduced, reduced_slices = problem.call(exchange, grads, slices)
+        for n in SHAPES:
+            g = grads[n].astype(np.float64)
+            m[n] = beta_1 * m[n] + (1 - beta_1) * g
+            v[n] = beta_2 * v[n] + (1 - beta_2) * g * g
+            d = (m[n] / (1 - beta_1**t)) / (np.sqrt(v[n] / (1 - beta_2**t)) + epsilon)
+            var = problem.vars[n]
+            np.testing.assert_allclose(momentum(exchange, var), m[n], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(second_moment(exchange, var), v[n], rtol=1e-5, atol=1e-7)
+            if n in DENSE:
+                np.testing.assert_allclose(reduced[n], d, rtol=1e-4, atol=1e-5)
+                np.testing.assert_array_equal(residual(exchange, var), 0.0)
+                continue
+            r_new = residual(exchange, var)
+            np.testing.assert_allclose(reduced[n] + r_new, r_old[n] + d, rtol=1e-4, atol=1e-4)
+            assert_looks_compressed(exchange.compressor, reduced[n], r_old[n] + d)
+            if name in SPARSIFIERS:
+                sent = reduced[n] != 0
+                assert np.any(sent) and not np.all(sent)
+                np.testing.assert_array_equal(r_new[sent], 0.0)
+            r_old[n] = r_new
+        assert_slices_pass_through(reduced_slices, slices)  # IndexedSlices: no correction
+    # Memory for every planned tensor (the dense ones keep their moments), none for the IndexedSlices.
+    assert len(exchange.memory.residuals) == len(exchange.memory.second_moments) == len(SHAPES)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"adam": 0.9}, "adam must be None, True"), ({"adam": (0.9, 1.0, 1e-7)}, "adam must be"),
+    ({"adam": (0.9, 0.999, 0.0)}, "adam must be"), ({"adam": (0.9, 0.999)}, "adam must be"),
+    ({"adam": True, "momentum": 0.9}, "give one, got both"), ({"adam": True, "error_feedback": False}, "needs error_feedback"),
+])
+def test_adam_correction_arguments_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tfcomp.DRAGONN(0.01, **kwargs)
+    assert tfcomp.DRAGONN(0.01, adam=True).adam == (0.9, 0.999, 1e-7)
+    assert tfcomp.DRAGONN(0.01, adam=True).optimizer_state == 2
+    assert tfcomp.DRAGONN(0.01, momentum=0.9).optimizer_state == 1
 
 
 # -- (b) dense compressors -------------------------------------------------------------------------
@@ -321,7 +378,7 @@ def test_warmup_sends_dense_then_compresses(rng, name):
     for n in COMPRESSED:
         var = problem.vars[n]
         leftover[n] = random_gradient(rng, SHAPES[n], np.float32)
-        exchange.memory.residual(var, size_of(n), with_momentum=with_momentum).assign(leftover[n].reshape(-1))
+        exchange.memory.residual(var, size_of(n), compressor.optimizer_state).assign(leftover[n].reshape(-1))
         if with_momentum:
             exchange.memory.momentum(var, size_of(n)).assign(random_gradient(rng, (size_of(n),), np.float32))
     for step in range(2):

@@ -91,6 +91,23 @@ def _check_momentum(momentum):
     return float(momentum)
 
 
+KERAS_ADAM = (0.9, 0.999, 1e-7)  # tf.keras.optimizers.Adam's beta_1, beta_2, epsilon
+
+
+def _check_adam(adam):
+    """None, True (KERAS_ADAM) or (beta_1, beta_2, epsilon) -> None or a tuple of three floats."""
+    if adam is None:
+        return None
+    if adam is True:
+        return KERAS_ADAM
+    if isinstance(adam, (tuple, list)) and len(adam) == 3 and all(_is_real(x) for x in adam):
+        beta_1, beta_2, epsilon = (float(x) for x in adam)
+        if 0 <= beta_1 < 1 and 0 <= beta_2 < 1 and 0 < epsilon < math.inf:
+            return beta_1, beta_2, epsilon
+    raise ValueError("adam must be None, True (Keras Adam's 0.9, 0.999, 1e-7) or (beta_1, beta_2, epsilon) with "
+                     f"the betas in [0, 1) and epsilon a finite number > 0, got {adam!r}")
+
+
 def _scaled(payload_values, scale: float):
     """`payload_values` times `scale` (a payload's values or per-worker scales, K·k or K elements:
     the decode's averaging costs no pass over its dense result), unchanged for 1."""
@@ -112,6 +129,15 @@ class Compressor:
         masking; then use the inner optimizer without momentum). Gradients the plan sends dense
         (and every gradient in warm-up steps) are sent as their momentum, which they keep: an
         all-dense plan trains as SGD with this momentum. Sparse (IndexedSlices) gradients get none.
+      adam: None, or Adam correction (beta_1, beta_2, epsilon; True: Keras Adam's defaults): each
+        worker keeps Adam's moments of its own gradients, m <- b1 m + (1 - b1) g and
+        v <- b2 v + (1 - b2) g^2, and the exchange sends their bias-corrected step direction
+        d = m^ / (sqrt(v^) + epsilon) with error feedback (what is not sent yet accumulates as
+        the same directions would have, where sparsified gradients under Adam arrive as rare large
+        values that its normalisation shrinks to one step); then use plain SGD at Adam's learning
+        rate as the inner optimizer. The moments are not masked where something was sent.
+        Gradients the plan sends dense (and warm-up steps) send d too, so an all-dense plan trains
+        as Adam with per-worker moments. Needs error feedback; excludes `momentum`.
       warmup_steps: communicating steps sent dense before compression starts (0 to 2^63 - 1).
       planning: "auto" (default): at the first step tfcomp calibrates the cluster and splits the
         gradients into buckets, each exchanged with the strategy the cost model predicts fastest
@@ -134,7 +160,7 @@ class Compressor:
     dense_element_bytes = 4  # bytes per element when a bucket is sent dense
     payload_shows_non_finite = False
 
-    def __init__(self, *, error_feedback: bool, momentum=None, warmup_steps: int = 0,
+    def __init__(self, *, error_feedback: bool, momentum=None, adam=None, warmup_steps: int = 0,
                  min_elements: int = DEFAULT_MIN_ELEMENTS, planning: str = "auto", strategy=None):
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
@@ -142,6 +168,11 @@ class Compressor:
         self.momentum = _check_momentum(momentum)
         if self.momentum is not None and not error_feedback:
             raise ValueError("momentum correction needs error_feedback=True")
+        self.adam = _check_adam(adam)
+        if self.adam is not None and not error_feedback:
+            raise ValueError("adam correction needs error_feedback=True")
+        if self.adam is not None and self.momentum is not None:
+            raise ValueError("momentum and adam are two corrections of the optimizer; give one, got both")
         self.warmup_steps = _check_int("warmup_steps", warmup_steps, 0, _INT64_MAX,
                                        "the exchange counts steps in an int64")
         self.min_elements = _check_int("min_elements", min_elements, 1, _INT64_MAX, "an int64 count of elements")
@@ -154,6 +185,12 @@ class Compressor:
             raise ValueError(f"strategy must be None or one of {available_strategies(self)} for "
                              f"{type(self).__name__}, got {strategy!r}")
         self.strategy = strategy
+
+    @property
+    def optimizer_state(self) -> int:
+        """Vectors per tensor that the exchange keeps of the optimizer besides the residual: 0,
+        1 (DGC momentum) or 2 (Adam's first and second moments)."""
+        return 2 if self.adam is not None else int(self.momentum is not None)
 
     def get_config(self) -> dict:
         """Hyper-parameters, for repr and for comparing plans across ranks."""
@@ -244,8 +281,8 @@ class DRAGONN(_Sparsifier):
       num_samples: elements sampled to estimate the threshold, 1 to 2^31 - 1. Default 65536.
       artopk_owner: whose indices AR-Topk buckets use (003 Alg. 1): "star" (round-robin over the
         steps, default) or "var" (the worker whose accumulated gradient has the largest variance).
-      error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see `Compressor`.
-        Default error feedback on, no momentum correction, no warm-up, cost-model planning.
+      error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see `Compressor`.
+        Default error feedback on, no momentum or Adam correction, no warm-up, cost-model planning.
     Each worker hashes with its own seed, which changes every step.
     """
 
@@ -279,7 +316,7 @@ class DGC(_Sparsifier):
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
       num_samples: elements sampled to estimate the threshold, 1 to 2^31 - 1. Default 65536.
-      artopk_owner, error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see
+      artopk_owner, error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see
         `DRAGONN` and `Compressor`.
     """
 
@@ -297,7 +334,7 @@ class TopK(_Sparsifier):
 
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
-      artopk_owner, error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see
+      artopk_owner, error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see
         `DRAGONN` and `Compressor`.
     """
 
@@ -316,7 +353,7 @@ class RandomK(Compressor):
 
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.01.
-      error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see `Compressor`.
+      error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see `Compressor`.
     """
 
     collective = "allreduce"
@@ -352,7 +389,7 @@ class EFSignSGD(Compressor):
     byte, and one float32 scale (the mean magnitude). Payload: ceil(size / 8) + 4 bytes.
 
     Args:
-      error_feedback, momentum, warmup_steps, planning, strategy, min_elements: see `Compressor` (error feedback on).
+      error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see `Compressor` (error feedback on).
     """
 
     payload_shows_non_finite = True
@@ -400,7 +437,7 @@ class QSGD(Compressor):
 
     Args:
       bits: 1 to 7 bits of magnitude (plus the sign). Default 4.
-      error_feedback: default False (QSGD is unbiased); momentum, warmup_steps, planning, strategy,
+      error_feedback: default False (QSGD is unbiased); momentum, adam, warmup_steps, planning, strategy,
         min_elements: see
         `Compressor`.
     """

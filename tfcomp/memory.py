@@ -1,4 +1,4 @@
-"""The exchange's state: per-source error-feedback residuals (and DGC momentum) and a step counter.
+"""The exchange's state: per-source error-feedback residuals (and optimizer moments) and a step counter.
 
 `ExchangeState` is a `tf.Module` that lives outside any traced function: the exchange that owns it
 finds the same state on every call and every retrace, and the optimizer tracks it, so
@@ -12,7 +12,9 @@ the exchange gives a watched tensor (its position and shape in the list it was g
 
 For a source of n elements (any shape) the memory holds float32 [n] vectors:
   residual: what was not sent yet (plain error feedback), or DGC's accumulated velocity v;
-  momentum: DGC's momentum u (only with momentum correction).
+  momentum: DGC's momentum u (with momentum correction), or Adam's first moment m (with Adam
+    correction); empty otherwise;
+  second moment: Adam's v (with Adam correction); empty otherwise.
 """
 
 from __future__ import annotations
@@ -33,23 +35,25 @@ class _SlotIndex(dict):
 
 
 class ErrorFeedback(tf.Module):
-    """Residual and momentum vectors, one per source, created lazily."""
+    """Residual, momentum and second-moment vectors, one each per source, created lazily."""
 
     def __init__(self, name: str = "error_feedback"):
         super().__init__(name=name)
         self.residuals = []
         self.momenta = []
+        self.second_moments = []
         self._slot_of = _SlotIndex()
 
-    def _slot(self, source, size: int, with_momentum: bool) -> int:
+    def _slot(self, source, size: int, optimizer_state: int) -> int:
         key = source_key(source)
         if key not in self._slot_of:
             with tf.init_scope():
                 index = len(self.residuals)
                 self.residuals.append(tf.Variable(tf.zeros([size]), trainable=False, name=f"residual_{index}"))
-                self.momenta.append(
-                    tf.Variable(tf.zeros([size if with_momentum else 0]), trainable=False, name=f"momentum_{index}")
-                )
+                self.momenta.append(tf.Variable(tf.zeros([size if optimizer_state >= 1 else 0]), trainable=False,
+                                                name=f"momentum_{index}"))
+                self.second_moments.append(tf.Variable(tf.zeros([size if optimizer_state >= 2 else 0]),
+                                                       trainable=False, name=f"second_moment_{index}"))
             self._slot_of[key] = index
         index = self._slot_of[key]
         if self.residuals[index].shape.num_elements() != size:
@@ -57,26 +61,31 @@ class ErrorFeedback(tf.Module):
                              f"error-feedback residual has {self.residuals[index].shape.num_elements()}")
         return index
 
-    def residual(self, source, size: int, with_momentum: bool = False) -> tf.Variable:
-        """The residual (or DGC velocity) of `source`: float32 [size]."""
-        return self.residuals[self._slot(source, size, with_momentum)]
+    def residual(self, source, size: int, optimizer_state: int = 0) -> tf.Variable:
+        """The residual (or DGC velocity) of `source`: float32 [size]. `optimizer_state`
+        (`Compressor.optimizer_state`): the moments to create with it where it is new."""
+        return self.residuals[self._slot(source, size, optimizer_state)]
 
     def momentum(self, source, size: int) -> tf.Variable:
-        """DGC's momentum of `source`: float32 [size]."""
-        return self.momenta[self._slot(source, size, True)]
+        """DGC's momentum (or Adam's first moment) of `source`: float32 [size]."""
+        return self.momenta[self._slot(source, size, 1)]
+
+    def second_moment(self, source, size: int) -> tf.Variable:
+        """Adam's second moment of `source`: float32 [size]."""
+        return self.second_moments[self._slot(source, size, 2)]
 
 
 class ExchangeState(tf.Module):
     """What an exchange carries from step to step, tracked for checkpoints:
 
-      memory: the `ErrorFeedback` (residuals, DGC momenta) of this rank;
+      memory: the `ErrorFeedback` (residuals, optimizer moments) of this rank;
       step: int64 scalar, communicating steps so far (the per-step seeds derive from it);
       owner: int64 [2], the rank and world size whose memory this is (a checkpoint restores it
         with the memory, so a rank can tell that it got another rank's);
       gathered_step: int64 scalar, the step at which `tfcomp.checkpointing.gather_state` last
         gathered every rank's memory (-1: never);
       gathered: float32 variables of any shape, one per memory vector (residuals, then momenta,
-        in slot order): on rank 0, [ranks, n], every rank's vector as of gathered_step (so a
+        then second moments, in slot order): on rank 0, [ranks, n], every rank's vector as of gathered_step (so a
         checkpoint rank 0 writes carries them all); elsewhere empty.
     """
 
@@ -91,7 +100,7 @@ class ExchangeState(tf.Module):
 
     def memory_vectors(self) -> list:
         """Every memory variable of this rank, in the order `gathered` keeps them."""
-        return list(self.memory.residuals) + list(self.memory.momenta)
+        return list(self.memory.residuals) + list(self.memory.momenta) + list(self.memory.second_moments)
 
     def gathered_vector(self, index: int) -> tf.Variable:
         """The gathered variable of memory vector `index`, created empty on first use (a restore

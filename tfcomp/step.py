@@ -19,8 +19,11 @@ their residuals, which are then cleared). Under DGC momentum correction the mome
 exchange, so every float gradient the plan sends dense (its dense buckets, and warm-up steps) is
 sent as its momentum u = m u + g (plus any residual) and keeps u: factor masking clears the
 momentum only where a sparsifier sent elements, and a dense plan trains as momentum SGD does.
-(Gradients outside the plan, `tf.IndexedSlices` and tensors of unknown shape, get no momentum.) Residuals are updated only when every reduced gradient is
-finite, so a step that a loss-scale optimizer skips leaves them untouched.
+(Gradients outside the plan, `tf.IndexedSlices` and tensors of unknown shape, get no momentum.)
+Under Adam correction the same holds for Adam's step direction d = m^ / (sqrt(v^) + eps) of each
+worker's own moments m and v, which the exchange keeps (never masked). Residuals and moments are
+updated only when every reduced gradient is finite, so a step that a loss-scale optimizer skips
+leaves them untouched.
 """
 
 from __future__ import annotations
@@ -53,11 +56,12 @@ class _Payload(NamedTuple):
 
 class _MemoryUpdate(NamedTuple):
     """One bucket's new error-feedback memory: the residual (float32 [n]; None: zero, after a
-    warm-up step, which sent everything) and DGC's momentum (float32 [n] or None), both still to
-    be cleared at the (values, indices) this worker sent (`cleared`; None: nothing to clear)."""
+    warm-up step, which sent everything), still to be cleared at the (values, indices) this worker
+    sent (`cleared`; None: nothing to clear), and the optimizer's moments (a tuple of float32 [n]:
+    DGC's momentum u, cleared with the residual, or Adam's m and v, never cleared; None without)."""
 
     residual: object
-    momentum: object
+    moments: object
     cleared: object
 
 
@@ -140,10 +144,10 @@ class StepGraph:
             return
         with tf.init_scope():
             sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
-            for bucket in plan.compressed + self._momentum_dense_buckets(plan, sizes):
+            for bucket in plan.compressed + self._corrected_dense_buckets(plan, sizes):
                 for i in bucket.positions:
                     self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
-                                               with_momentum=self.compressor.momentum is not None)
+                                               self.compressor.optimizer_state)
 
     def __call__(self, plan, grads, sources):
         """The reduced `grads` (a list of tensors, IndexedSlices or None) under `plan`. `sources`:
@@ -156,8 +160,8 @@ class StepGraph:
         sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
         compressed = plan.compressed
         planned = {p for b in plan.buckets for p in b.positions}
-        momentum_dense = self._momentum_dense_buckets(plan, sizes)
-        dense_groups = [] if momentum_dense else [b.positions for b in plan.buckets if b.strategy == "dense"]
+        corrected_dense = self._corrected_dense_buckets(plan, sizes)
+        dense_groups = [] if corrected_dense else [b.positions for b in plan.buckets if b.strategy == "dense"]
         dense_groups.append([i for i, g in enumerate(grads)
                              if g is not None and i not in planned and not isinstance(g, tf.IndexedSlices)])
         prescale, postscale = self._dense_factors()
@@ -169,10 +173,11 @@ class StepGraph:
         for group in dense_groups:
             for i, r in zip(group, self._allreduce_dense([grads[i] for i in group])):
                 out[i] = r
-        if compressed or momentum_dense:
-            momentum_groups = [len(b.positions) for b in plan.buckets if b.strategy == "dense"] if momentum_dense else []
-            self._place(compressed + momentum_dense,
-                        self._buckets_with_memory(compressed, momentum_dense, momentum_groups, grads, sources, sizes, out),
+        if compressed or corrected_dense:
+            corrected_groups = [len(b.positions) for b in plan.buckets if b.strategy == "dense"] if corrected_dense else []
+            self._place(compressed + corrected_dense,
+                        self._buckets_with_memory(compressed, corrected_dense, corrected_groups, grads, sources, sizes,
+                                                  out),
                         grads, sizes, out)
         self.state.step.assign_add(1)
         if counters is not None:
@@ -191,11 +196,11 @@ class StepGraph:
 
     # -- dense -------------------------------------------------------------------------------------
 
-    def _momentum_dense_buckets(self, plan, sizes) -> tuple:
-        """Under DGC momentum correction, the tensors of the plan's dense buckets, as one-tensor
-        buckets (so that their momenta need no concatenated copy; one grouped allreduce still
-        sends them all); otherwise none. `sizes`: elements of each gradient, by position."""
-        if self.compressor.momentum is None or not self.compressor.error_feedback:
+    def _corrected_dense_buckets(self, plan, sizes) -> tuple:
+        """Under DGC momentum or Adam correction, the tensors of the plan's dense buckets, as
+        one-tensor buckets (so that their moments need no concatenated copy; one grouped allreduce
+        still sends them all); otherwise none. `sizes`: elements of each gradient, by position."""
+        if not self.compressor.optimizer_state or not self.compressor.error_feedback:
             return ()
         return tuple(dataclasses.replace(b, positions=(i,), elements=sizes[i])
                      for b in plan.buckets if b.strategy == "dense" for i in b.positions)
@@ -221,13 +226,13 @@ class StepGraph:
 
     # -- compressed --------------------------------------------------------------------------------
 
-    def _buckets_with_memory(self, compressed, momentum_dense, dense_groups, grads, sources, sizes, dense_results):
+    def _buckets_with_memory(self, compressed, corrected_dense, dense_groups, grads, sources, sizes, dense_results):
         """The reduced flat float32 tensor of each compressed bucket, then of each one-tensor bucket
-        that carries DGC momentum (`_momentum_dense_buckets`, sent by one grouped allreduce per
+        that carries optimizer moments (`_corrected_dense_buckets`, sent by one grouped allreduce per
         `dense_groups` consecutive ones: the plan's dense buckets), with their memory updated (all
         of it, or none where any reduced gradient is not finite)."""
         compressor = self.compressor
-        buckets = compressed + momentum_dense
+        buckets = compressed + corrected_dense
         accumulated = [self._accumulate_bucket(b, grads, sources) for b in buckets]
         sparse, dense = accumulated[:len(compressed)], accumulated[len(compressed):]
 
@@ -261,64 +266,85 @@ class StepGraph:
             return [tf.identity(r) for r in reduced]
 
     def _accumulate_bucket(self, bucket, grads, sources):
-        """(flat float32 gradients plus memory of the bucket's tensors, concatenated; DGC momentum or None)."""
+        """(flat float32 gradients plus memory of the bucket's tensors, concatenated; their new
+        optimizer moments, each concatenated, or None)."""
         parts = [self._accumulate(grads[i], sources[i]) for i in bucket.positions]
         accumulated = _concat([acc for acc, _ in parts])
-        momentum = None if parts[0][1] is None else _concat([m for _, m in parts])
-        return accumulated, momentum
+        moments = None if parts[0][1] is None else tuple(_concat(list(m)) for m in zip(*[m for _, m in parts]))
+        return accumulated, moments
 
     def _accumulate(self, grad, source):
-        """(flat float32 gradient plus memory of one tensor, DGC momentum or None)."""
+        """(flat float32 gradient plus memory of one tensor, its new optimizer moments or None):
+        g + r; under DGC momentum correction r + u with u = mu u + g, moments (u,); under Adam
+        correction r + d with d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g and
+        v = b2 v + (1 - b2) g^2, bias-corrected for the step t = communicating steps so far + 1,
+        moments (m, v)."""
         compressor = self.compressor
         flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
         if not compressor.error_feedback:
             return flat, None
         size = int(flat.shape[0])
         memory = self.state.memory
-        residual = memory.residual(source, size, with_momentum=compressor.momentum is not None)
+        residual = memory.residual(source, size, compressor.optimizer_state)
+        if compressor.adam is not None:
+            beta_1, beta_2, epsilon = compressor.adam
+            m = beta_1 * memory.momentum(source, size) + (1.0 - beta_1) * flat
+            v = beta_2 * memory.second_moment(source, size) + (1.0 - beta_2) * tf.square(flat)
+            t = tf.cast(self.state.step + 1, tf.float32)
+            direction = (m / (1.0 - tf.pow(beta_1, t))) / (tf.sqrt(v / (1.0 - tf.pow(beta_2, t))) + epsilon)
+            return residual + direction, (m, v)
         if compressor.momentum is None:
             return flat + residual, None
         momentum = compressor.momentum * memory.momentum(source, size) + flat
-        return residual + momentum, momentum
+        return residual + momentum, (momentum,)
 
     def _update_memory(self, bucket, sources, sizes, update):
         """The assignments of the bucket's new memory: each residual (and DGC momentum) becomes its
         part of `update`, with the sent elements then cleared in place by `ops.zero_at` (k writes,
         no dense copy of what was sent, and the variable stays out of TensorFlow's copy-on-read
-        mode, in which every later read would copy it), or zero after a warm-up step."""
+        mode, in which every later read would copy it), or zero after a warm-up step; Adam's
+        moments become theirs, nothing cleared."""
         memory = self.state.memory
-        with_momentum = self.compressor.momentum is not None
+        compressor = self.compressor
         residuals = [None] * len(bucket.positions) if update.residual is None else _split(update.residual, bucket, sizes)
-        momenta = [None] * len(bucket.positions) if update.momentum is None else _split(update.momentum, bucket, sizes)
+        moments = [[None] * len(bucket.positions)] * compressor.optimizer_state if update.moments is None else [
+            _split(m, bucket, sizes) for m in update.moments]
         assignments, offset = [], 0
-        for i, residual_part, momentum_part in zip(bucket.positions, residuals, momenta):
-            targets = [(memory.residual(sources[i], sizes[i], with_momentum=with_momentum), residual_part)]
-            if with_momentum:
-                targets.append((memory.momentum(sources[i], sizes[i]), momentum_part))
+        for n, i in enumerate(bucket.positions):
+            residual = memory.residual(sources[i], sizes[i], compressor.optimizer_state)
+            cleared, kept = [(residual, residuals[n])], []
+            if compressor.momentum is not None:
+                cleared.append((memory.momentum(sources[i], sizes[i]), moments[0][n]))
+            if compressor.adam is not None:
+                kept = [(memory.momentum(sources[i], sizes[i]), moments[0][n]),
+                        (memory.second_moment(sources[i], sizes[i]), moments[1][n])]
+            assignments += [v.assign(x, read_value=False) for v, x in kept]
             if update.cleared is None:
-                assignments += [v.assign(tf.zeros_like(v) if x is None else x) for v, x in targets]
+                assignments += [v.assign(tf.zeros_like(v) if x is None else x) for v, x in cleared]
             else:
                 # Slots that carried a zero sent nothing: their element keeps its memory.
                 sent_values, sent_indices = update.cleared
                 sent = tf.where(sent_values != 0, sent_indices, -1)
-                for v, x in targets:
+                for v, x in cleared:
                     with tf.control_dependencies([v.assign(x, read_value=False)]):
                         assignments.append(ops.zero_at(v, sent, offset))
             offset += sizes[i]
         return tf.group(assignments)
 
     @staticmethod
-    def _memory_update(acc, momentum, payload, after) -> _MemoryUpdate:
+    def _memory_update(acc, moments, payload, after) -> _MemoryUpdate:
         """What error feedback keeps of one bucket. Where the payload is acc's own values at known
         indices, acc itself, to be cleared there later; else (the quantisers) acc less the dense
         value sent, computed right `after` the encode so that acc's and the sent tensor's buffers
-        are free before the decode (DGC's momentum masked where a non-zero value went)."""
+        are free before the decode (DGC's momentum masked where a non-zero value went; Adam's
+        moments kept as they are)."""
         if isinstance(payload.sent, tuple):
-            return _MemoryUpdate(acc, momentum, payload.sent)
+            return _MemoryUpdate(acc, moments, payload.sent)
         with tf.control_dependencies(after):
             remainder = tf.identity(acc) - payload.sent
-            masked = None if momentum is None else tf.where(payload.sent != 0, 0.0, momentum)
-        return _MemoryUpdate(remainder, masked, None)
+            if moments is not None and len(moments) == 1:
+                moments = (tf.where(payload.sent != 0, 0.0, moments[0]),)
+        return _MemoryUpdate(remainder, moments, None)
 
     def _send_compressed(self, accumulated, buckets):
         """Encodes, exchanges and decodes the accumulated buckets.
@@ -335,7 +361,7 @@ class StepGraph:
         worker = self.collectives.rank
         step = self.state.step
         payloads, updates = [], []
-        for position, ((acc, momentum), bucket) in enumerate(zip(accumulated, buckets)):
+        for position, ((acc, moments), bucket) in enumerate(zip(accumulated, buckets)):
             seed = step * 65536 + position
             if bucket.strategy == "artopk":
                 payload = self._artopk_payload(acc, seed, worker, num_workers)
@@ -350,7 +376,7 @@ class StepGraph:
             non_finite = _any_non_finite([t for t in payload.wire if t.dtype.is_floating] if shown else [acc])
             payloads.append(payload._replace(wire=tuple(payload.wire) + (non_finite,)))
             if compressor.error_feedback:
-                updates.append(self._memory_update(acc, momentum, payload, [non_finite, *payload.wire]))
+                updates.append(self._memory_update(acc, moments, payload, [non_finite, *payload.wire]))
         received = [None] * len(buckets)
         for strategy in ("allgather", "allreduce", "artopk"):
             members = [n for n, b in enumerate(buckets) if b.strategy == strategy]
@@ -399,14 +425,14 @@ class StepGraph:
         return _Payload((values,), indices, (values, indices) if self.compressor.error_feedback else None)
 
     def _send_dense(self, accumulated, groups=None):
-        """Warm-up steps and dense buckets under momentum correction: gradient (or its momentum u)
-        plus residual sent dense, by one grouped allreduce per `groups` consecutive buckets (None:
-        one for all); the residual is then empty, and the momentum stays u (nothing masked: a dense
-        send is momentum SGD)."""
+        """Warm-up steps and dense buckets under momentum or Adam correction: gradient (or its
+        momentum u, or Adam's direction d) plus residual sent dense, by one grouped allreduce per
+        `groups` consecutive buckets (None: one for all); the residual is then empty, and the
+        moments stay as computed (nothing masked: a dense send is momentum SGD, or Adam)."""
         flats, reduced = [acc for acc, _ in accumulated], []
         for length in groups or [len(flats)]:
             reduced += self._allreduce_dense(flats[len(reduced):len(reduced) + length])
         updates = []
         if self.compressor.error_feedback:
-            updates = [_MemoryUpdate(None, momentum, None) for _, momentum in accumulated]
+            updates = [_MemoryUpdate(None, moments, None) for _, moments in accumulated]
         return reduced, updates
