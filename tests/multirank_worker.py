@@ -270,6 +270,12 @@ def check_planning(report):
         first(grads, variables)
         report["plan/measured_after_first"] = len(measured)
         report["plan/networks_measured_after_first"] = len(network_measured)
+        if hvd.rank() == 0:  # complete figures, or lower bounds where the first stage ruled compression out
+            backprop_sizes = [int(np.prod(s)) for s in reversed(shapes)]
+            entry = tfcomp.calibration._read_cache(tfcomp.calibration._cache_path(), tfcomp.calibration.cache_key(
+                tfcomp.DRAGONN(0.04), hvd.global_process_set, sum(backprop_sizes), backprop_sizes))
+            report["plan/first_entry_cached"] = entry is not None
+            report["plan/first_entry_complete"] = entry is not None and entry[1]
         second(grads, variables)
         report["plan/measured_after_second"] = len(measured)
         report["plan/networks_measured_after_second"] = len(network_measured)
@@ -279,35 +285,6 @@ def check_planning(report):
     finally:
         tfcomp.calibration.measure_compression = original_compression
         tfcomp.calibration._measure_networks = original_networks
-
-    # Cached lower bounds (a first stage that found compression could not pay): kept on a network
-    # where they still rule compression out, measured past where they no longer do.
-    calibration, cost_model = tfcomp.calibration, tfcomp.cost_model
-    sizes = [int(np.prod(s)) for s in shapes]
-    compressor = tfcomp.DRAGONN(0.03)
-    key = calibration.cache_key(compressor, hvd.global_process_set, sum(sizes), sizes)
-    cache_path = calibration._cache_path()
-    network = cost_model.Network(1e-4, 1e8)
-
-    def lower_bounds(c1):
-        if hvd.rank() == 0:
-            calibration._write_cache(cache_path, key, cost_model.ClusterModel(
-                hvd.size(), network, network, cost_model.AffineCost(0.0, c1)), complete=False)
-
-    measured.clear()
-    tfcomp.calibration.measure_compression = counted
-    try:
-        lower_bounds(1e-3)  # a millisecond per element: compressing cannot pay on any network
-        ruled_out = calibration.calibrate(compressor, hvd.global_process_set, sum(sizes), sizes)
-        report["plan/lower_bounds_kept_measured"] = len(measured)
-        report["plan/lower_bounds_kept_c1"] = ruled_out.encode_decode.c1
-        lower_bounds(0.0)  # free compression: it could pay, so the costs are measured
-        calibration.calibrate(compressor, hvd.global_process_set, sum(sizes), sizes)
-        report["plan/lower_bounds_passed_measured"] = len(measured)
-        if hvd.rank() == 0:
-            report["plan/lower_bounds_passed_cached_c1"] = calibration._read_cache(cache_path, key)[0].encode_decode.c1
-    finally:
-        tfcomp.calibration.measure_compression = original_compression
 
     # No cache: the next two exchanges measure their own figures.
     original_cache = os.environ.get(tfcomp.calibration.CACHE_ENV)
