@@ -18,14 +18,18 @@ else
   gencode+=(-gencode "arch=compute_${list[-1]},code=compute_${list[-1]}")  # PTX for newer GPUs
 fi
 flags=(-std=c++17 -O3 -I. -Xcompiler -Wall "${gencode[@]}")
-objects=()
+# One compiler per source, all at once; any failure fails the build.
+objects=() pids=()
 for src in ops/cc/cuda/*.cu.cc benchmarks/gpu/harness.cu.cc; do
   obj="$out/$(basename "$src" .cu.cc).o"
   echo "nvcc $src" >&2
-  "$nvcc" "${flags[@]}" -x cu -c "$src" -o "$obj"
+  "$nvcc" "${flags[@]}" -x cu -c "$src" -o "$obj" &
+  pids+=($!)
   objects+=("$obj")
 done
 echo "nvcc benchmarks/gpu/reference.cc (host code)" >&2
-"$nvcc" "${flags[@]}" -c benchmarks/gpu/reference.cc -o "$out/reference.o"
+"$nvcc" "${flags[@]}" -c benchmarks/gpu/reference.cc -o "$out/reference.o" &
+pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid"; done
 "$nvcc" "${gencode[@]}" "${objects[@]}" "$out/reference.o" -o "$out/gpu_harness"
 echo "$out/gpu_harness" >&2

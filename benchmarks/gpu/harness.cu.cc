@@ -7,7 +7,7 @@
 //   gpu_harness --check [--max-log2 27]
 //       every kernel, float32/float16/bfloat16, against the CPU reference (reference.cc, built on
 //       ops/cc/lib) on fresh random inputs, outputs poisoned (0xAB bytes) before each run, sizes that
-//       are not multiples of the block or tile size, float32 up to d = 2^max-log2
+//       are not multiples of the block or tile size, and each dtype at d = 2^max-log2
 //   gpu_harness --bench [--min-log2 20] [--max-log2 27] [--runs 21] [--ratio 0.001]
 //       float32 timings with CUDA events after 3 warm-up runs, median of --runs; prints one line
 //       "RESULT<TAB>op<TAB>d<TAB>median_ms" per measurement (benchmarks/gpu/report.py reads them)
@@ -118,6 +118,89 @@ void MakePairs(int64_t payloads, int64_t m, int64_t size, uint64_t seed, std::ve
 // ---------------------------------------------------------------------------------------------
 // --check
 
+// sparse_batched_decode of `payloads` payloads of `budget` random pairs (some -1), then with two bad
+// indices: against the reference, bit for bit for float32, twice (deterministic).
+template <class Format>
+void CheckDecode(const std::string& at, int64_t size, int payloads, int64_t budget, uint64_t seed) {
+  using Bits = typename Format::Bits;
+  cudaStream_t stream = 0;
+  std::vector<Bits> pair_values;
+  std::vector<int32_t> pair_indices;
+  MakePairs<Format>(payloads, budget, size, seed, &pair_values, &pair_indices);
+  const DeviceArray<Bits> d_pair_values(pair_values);
+  DeviceArray<int32_t> d_pair_indices(pair_indices);
+  DeviceArray<Bits> d_dense(size);
+  DeviceArray<int64_t> d_first_bad(1);
+  d_dense.Poison();
+  d_first_bad.Poison();
+  const int64_t pairs = pair_values.size();
+  const std::string check = at + "sparse_batched_decode of " + std::to_string(payloads) + " payloads";
+  auto decode = [&]() {
+    d_dense.Poison();
+    d_first_bad.Poison();
+    RunWithScratch([&](void* scratch, size_t* bytes) {
+      return cuda::SparseBatchedDecode<Format>(d_pair_values.get(), d_pair_indices.get(), pairs, size, d_dense.get(),
+                                               d_first_bad.get(), scratch, bytes, stream);
+    });
+    return d_dense.Download();
+  };
+  const std::vector<Bits> dense = decode();
+  DecodeReference want_dense;
+  RefSparseBatchedDecode<Format>(pair_values, pair_indices, size, &want_dense);
+  Report(check, CompareDecode<Format>(want_dense, dense));
+  if (sizeof(Bits) == 4) {  // the reference adds float32 in pair order, as the GPU must
+    Verdict exact;
+    for (int64_t i = 0; i < size; ++i) {
+      const float want = want_dense.dense[i];
+      const bool same = std::isnan(want) ? std::isnan(ValueOf<Format>(dense[i])) : dense[i] == FloatToBits(want);
+      if (!same && exact.mismatches++ == 0) {
+        exact.first = "dense[" + std::to_string(i) + "]: expected " + std::to_string(want) + ", got bits " +
+                      std::to_string(dense[i]);
+      }
+    }
+    Report(check + " equals the CPU's sum bit for bit", exact);
+  }
+  Report(check + " is deterministic", Expect(decode() == dense, "a second decode differs"));
+  Report(check + " reports no bad index", Expect(d_first_bad.Download()[0] >= pairs, "a bad index"));
+  pair_indices[pairs / 2] = static_cast<int32_t>(std::min<int64_t>(size, INT32_MAX));
+  pair_indices[pairs - 1] = -2;
+  d_pair_indices.Upload(pair_indices);
+  decode();
+  const int64_t first_bad = d_first_bad.Download()[0];
+  Report(check + " finds the first bad index",
+         Expect(first_bad == pairs / 2 &&
+                    RefSparseBatchedDecode<Format>(pair_values, pair_indices, size, &want_dense) == pairs / 2,
+                "expected pair " + std::to_string(pairs / 2) + ", got " + std::to_string(first_bad)));
+}
+
+// estimate_threshold where few or no samples are finite: every element NaN or +-Inf but `finite`
+// of them, which take random values, with k far above `finite`.
+template <class Format>
+void CheckThresholdFewFinite(const char* dtype, int64_t size, int64_t finite, uint64_t seed) {
+  using Bits = typename Format::Bits;
+  std::vector<Bits> grad = MakeGradient<Format>(size, seed);
+  for (int64_t i = finite; i < size; ++i) {
+    const int sign_shift = 8 * sizeof(Bits) - 1;
+    grad[i] = static_cast<Bits>(Format::kInfKey | (i % 3 == 0 ? 1 : 0) | (i % 2 ? Bits{1} << sign_shift : 0));
+  }
+  const DeviceArray<Bits> d_grad(grad);
+  const int64_t hash_seed = static_cast<int64_t>(Mix64(seed));
+  const DeviceArray<int64_t> d_seed(std::vector<int64_t>{hash_seed});
+  DeviceArray<float> d_threshold(1);
+  d_threshold.Poison();
+  const float ratio = 0.5f;
+  RunWithScratch([&](void* scratch, size_t* bytes) {
+    return cuda::EstimateThreshold<Format>(d_grad.get(), size, size, SampleRank(ratio, size), d_seed.get(),
+                                           d_threshold.get(), scratch, bytes, 0);
+  });
+  const float got = d_threshold.Download()[0];
+  const float want = RefEstimateThreshold<Format>(grad, size, ratio, hash_seed);
+  Report(std::string(dtype) + " d=" + std::to_string(size) + ", " + std::to_string(finite) +
+             " finite: estimate_threshold",
+         Expect(FloatToBits(got) == FloatToBits(want),
+                "expected " + std::to_string(want) + ", got " + std::to_string(got)));
+}
+
 template <class Format>
 void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
   using Bits = typename Format::Bits;
@@ -161,6 +244,19 @@ void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
   });
   Report(at + "dragonn_compress",
          CompareEncoded(RefDragonnCompress<Format>(grad, threshold, hash_seed, budget), encoded()));
+  // About 16 selected elements per slot: nearly every slot is decided by a collision.
+  const int64_t few_slots = std::max<int64_t>(1, budget / 16);
+  RunWithScratch([&](void* scratch, size_t* bytes) {
+    return cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), few_slots,
+                                         d_values.get(), d_indices.get(), scratch, bytes, stream);
+  });
+  {
+    Encoded<Format> got = encoded();
+    got.values.resize(few_slots);
+    got.indices.resize(few_slots);
+    Report(at + "dragonn_compress, 16x collisions",
+           CompareEncoded(RefDragonnCompress<Format>(grad, threshold, hash_seed, few_slots), got));
+  }
   RunWithScratch([&](void* scratch, size_t* bytes) {
     return cuda::DgcCompress<Format>(d_grad.get(), size, d_threshold.get(), budget, d_values.get(), d_indices.get(),
                                      scratch, bytes, stream);
@@ -172,33 +268,39 @@ void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
   });
   Report(at + "topk_compress", CompareEncoded(RefTopkCompress<Format>(grad, budget), encoded()));
 
-  // sparse_batched_decode of 4 payloads of `budget` pairs, then with two bad indices.
-  std::vector<Bits> pair_values;
-  std::vector<int32_t> pair_indices;
-  MakePairs<Format>(4, budget, size, seed + 1, &pair_values, &pair_indices);
-  const DeviceArray<Bits> d_pair_values(pair_values);
-  DeviceArray<int32_t> d_pair_indices(pair_indices);
-  DeviceArray<Bits> d_dense(size);
-  DeviceArray<int64_t> d_first_bad(1);
-  d_dense.Poison();
-  d_first_bad.Poison();
-  const int64_t pairs = pair_values.size();
-  HARNESS_CUDA(cuda::SparseBatchedDecode<Format>(d_pair_values.get(), d_pair_indices.get(), pairs, size, d_dense.get(),
-                                                 d_first_bad.get(), stream));
-  DecodeReference want_dense;
-  RefSparseBatchedDecode<Format>(pair_values, pair_indices, size, &want_dense);
-  Report(at + "sparse_batched_decode, 4 payloads", CompareDecode<Format>(want_dense, d_dense.Download()));
-  Report(at + "sparse_batched_decode reports no bad index", Expect(d_first_bad.Download()[0] >= pairs, "a bad index"));
-  pair_indices[pairs / 2] = static_cast<int32_t>(std::min<int64_t>(size, INT32_MAX));
-  pair_indices[pairs - 1] = -2;
-  d_pair_indices.Upload(pair_indices);
-  HARNESS_CUDA(cuda::SparseBatchedDecode<Format>(d_pair_values.get(), d_pair_indices.get(), pairs, size, d_dense.get(),
-                                                 d_first_bad.get(), stream));
-  const int64_t first_bad = d_first_bad.Download()[0];
-  Report(at + "sparse_batched_decode finds the first bad index",
-         Expect(first_bad == pairs / 2 &&
-                    RefSparseBatchedDecode<Format>(pair_values, pair_indices, size, &want_dense) == pairs / 2,
-                "expected pair " + std::to_string(pairs / 2) + ", got " + std::to_string(first_bad)));
+  CheckDecode<Format>(at, size, 4, budget, seed + 1);
+  CheckDecode<Format>(at, size, 64, budget, seed + 2);  // hundreds of pairs per tile, many repeated
+}
+
+// zero_at on a float32 tensor of `size` elements at `offset` in a bucket: random indices, some
+// before, inside and after the tensor's range, repeated, and -1.
+void CheckZeroAt(int64_t size, uint64_t seed) {
+  const std::string at = "float32 d=" + std::to_string(size) + ": zero_at";
+  const std::vector<uint32_t> bits = MakeGradient<Float32Format>(size, seed);
+  std::vector<float> data(size);
+  std::memcpy(data.data(), bits.data(), size * sizeof(float));
+  const int64_t offset = size / 3, n = std::max<int64_t>(1, size / 50);
+  std::vector<int32_t> indices(n);
+  for (int64_t p = 0; p < n; ++p) {
+    const uint64_t r = Mix64(seed ^ Mix64(p));
+    indices[p] = r % 31 == 0 ? -1 : static_cast<int32_t>(ReduceToRange(static_cast<uint32_t>(r >> 32), 2 * size));
+  }
+  std::vector<float> want = data;
+  for (int32_t i : indices) {
+    if (i >= offset && i < offset + size) want[i - offset] = 0.0f;
+  }
+  DeviceArray<float> d_data(data);
+  const DeviceArray<int32_t> d_indices(indices);
+  HARNESS_CUDA(cuda::ZeroAt(d_data.get(), size, d_indices.get(), n, offset, 0));
+  const std::vector<float> got = d_data.Download();
+  Verdict verdict;
+  for (int64_t i = 0; i < size; ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && verdict.mismatches++ == 0) {
+      verdict.first = "element " + std::to_string(i) + ": expected " + std::to_string(want[i]) + ", got " +
+                      std::to_string(got[i]);
+    }
+  }
+  Report(at, verdict);
 }
 
 int RunCheck(int max_log2) {
@@ -209,8 +311,18 @@ int RunCheck(int max_log2) {
     CheckSize<Float32Format>("float32", size, ++seed);
     CheckSize<Float16Format>("float16", size, ++seed);
     CheckSize<BFloat16Format>("bfloat16", size, ++seed);
+    CheckZeroAt(size, ++seed);
   }
-  CheckSize<Float32Format>("float32", int64_t{1} << max_log2, ++seed);
+  for (int64_t finite : {0, 3}) {
+    CheckThresholdFewFinite<Float32Format>("float32", 1000, finite, ++seed);
+    CheckThresholdFewFinite<Float16Format>("float16", 1000, finite, ++seed);
+    CheckThresholdFewFinite<BFloat16Format>("bfloat16", 1000, finite, ++seed);
+  }
+  const int64_t largest = int64_t{1} << max_log2;
+  CheckSize<Float32Format>("float32", largest, ++seed);
+  CheckSize<Float16Format>("float16", largest, ++seed);
+  CheckSize<BFloat16Format>("bfloat16", largest, ++seed);
+  CheckZeroAt(largest, ++seed);
   return failures;
 }
 
@@ -244,10 +356,14 @@ int CheckLaunchers() {
   ReportError("launchers: estimate_threshold, n > size ->",
               cuda::EstimateThreshold<F>(nullptr, 10, 11, 1, nullptr, nullptr, nullptr, &bytes, 0), bad);
   ReportError("launchers: sparse_batched_decode, n < 0 ->",
-              cuda::SparseBatchedDecode<F>(nullptr, nullptr, -1, 10, nullptr, nullptr, 0), bad);
+              cuda::SparseBatchedDecode<F>(nullptr, nullptr, -1, 10, nullptr, nullptr, nullptr, &bytes, 0), bad);
   size_t small = 1;
   ReportError("launchers: dragonn_compress, scratch too small ->",
               cuda::DragonnCompress<F>(nullptr, 10, nullptr, nullptr, 100, nullptr, nullptr, scratch, &small, 0), bad);
+  // Without a GPU, the scratch query of CUB's sort fails first.
+  ReportError("launchers: sparse_batched_decode, scratch too small ->",
+              cuda::SparseBatchedDecode<F>(nullptr, nullptr, 100, 10, nullptr, nullptr, scratch, &small, 0),
+              gpu ? bad : cudaSuccess);
   if (gpu) {
     std::printf("(a GPU is present: the launches without a GPU are not checked)\n");
     return failures;
@@ -263,19 +379,21 @@ int CheckLaunchers() {
   ReportError("no GPU: topk_compress ->", cuda::TopkCompress<F>(nullptr, d, 1000, nullptr, nullptr, scratch, &bytes, 0),
               cudaSuccess);
   ReportError("no GPU: sparse_batched_decode ->",
-              cuda::SparseBatchedDecode<F>(nullptr, nullptr, 4000, d, nullptr, nullptr, 0), cudaSuccess);
+              cuda::SparseBatchedDecode<F>(nullptr, nullptr, 4000, d, nullptr, nullptr, scratch, &bytes, 0),
+              cudaSuccess);
   return failures;
 }
 
 // ---------------------------------------------------------------------------------------------
 // --bench (float32)
 
-// One pass reading the tensor: the largest magnitude key, one atomic per warp.
-__global__ void ReadFloor(const uint32_t* grad, int64_t size, unsigned int* out) {
-  uint32_t largest = 0;
-  cuda::ForEachElement(grad, size, [&](int64_t, uint32_t bits) { largest = max(largest, bits & 0x7FFFFFFFu); });
-  for (int offset = 16; offset > 0; offset /= 2) largest = max(largest, __shfl_xor_sync(0xFFFFFFFFu, largest, offset));
-  if (threadIdx.x % 32 == 0) atomicMax(out, largest);
+// One pass reading the tensor and nothing else: every thread folds its elements into an XOR and
+// writes only if the fold equals `never` (a value the caller picks so that it never does), so the
+// loads cannot be optimised away and no write or atomic adds to the time.
+__global__ void ReadFloor(const uint32_t* grad, int64_t size, uint32_t never, unsigned int* out) {
+  uint32_t fold = 0;
+  cuda::ForEachElement(grad, size, [&](int64_t, uint32_t bits) { fold ^= bits; });
+  if (fold == never) *out = fold;
 }
 
 // Median time in milliseconds of `runs` launches after 3 warm-up launches.
@@ -339,7 +457,8 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
     DeviceArray<int32_t> indices(budget);
 
     Time("read_floor", d, runs, [&]() {
-      ReadFloor<<<cuda::PassBlocks<uint32_t>(d), cuda::kThreads, 0, stream>>>(grad.get(), d, largest.get());
+      ReadFloor<<<cuda::PassBlocks<uint32_t>(d), cuda::kThreads, 0, stream>>>(grad.get(), d, 0x7FC00001u,
+                                                                               largest.get());
       return cudaGetLastError();
     });
     TimeWithScratch("estimate_threshold", d, runs, [&](void* scratch, size_t* bytes) {
@@ -367,9 +486,9 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
       const DeviceArray<uint32_t> d_values(pair_values);
       const DeviceArray<int32_t> d_indices(pair_indices);
       const std::string op = "decode_K" + std::to_string(payloads);
-      Time(op.c_str(), d, runs, [&]() {
+      TimeWithScratch(op.c_str(), d, runs, [&](void* scratch, size_t* bytes) {
         return cuda::SparseBatchedDecode<Format>(d_values.get(), d_indices.get(), payloads * budget, d, dense.get(),
-                                                 first_bad.get(), stream);
+                                                 first_bad.get(), scratch, bytes, stream);
       });
     }
   }

@@ -2,24 +2,38 @@
 # The GPU harness in one command, on a machine with a GPU, nvcc and PyTorch or CuPy (no TensorFlow):
 #   benchmarks/gpu/run.sh
 # 1. builds build/gpu_harness/gpu_harness for this GPU (TFCOMP_CUDA_ARCHS=native unless set);
-# 2. --self-check, then --check: every kernel against the CPU reference, d up to 2^MAX_LOG2 (27);
-#    stops here if any check fails;
+# 2. --self-check, then --check: every kernel against the CPU reference, each dtype up to
+#    d = 2^MAX_LOG2 (27); then the checks again under compute-sanitizer's memcheck up to
+#    d = 2^MEMCHECK_LOG2 (22; skipped when compute-sanitizer is missing); stops if any check fails;
 # 3. --bench and framework_baselines.py for d = 2^MIN_LOG2 (20) ... 2^MAX_LOG2, RUNS (21) runs each;
-# 4. report.py: the table to benchmarks/results/gpu_benchmark.md, appended to BENCHMARKS.md.
-# Raw output: benchmarks/results/gpu_{self_check,check,benchmark_raw}.txt.
+# 4. report.py: the table to RESULTS/gpu_benchmark.md, appended to APPEND_TO (BENCHMARKS.md; set it
+#    empty to append nowhere).
+# Raw output: RESULTS/gpu_{self_check,check,memcheck,benchmark_raw}.txt, RESULTS = benchmarks/results.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 min_log2=${MIN_LOG2:-20}
 max_log2=${MAX_LOG2:-27}
+memcheck_log2=${MEMCHECK_LOG2:-22}
 runs=${RUNS:-21}
-results=benchmarks/results
+results=${RESULTS:-benchmarks/results}
+append_to=${APPEND_TO-BENCHMARKS.md}
 harness=build/gpu_harness/gpu_harness
 
+mkdir -p "$results"
 TFCOMP_CUDA_ARCHS=${TFCOMP_CUDA_ARCHS:-native} benchmarks/gpu/build.sh build/gpu_harness
 "$harness" --self-check > "$results/gpu_self_check.txt"
 tail -1 "$results/gpu_self_check.txt"
-"$harness" --check --max-log2 "$max_log2" | tee "$results/gpu_check.txt"
-"$harness" --bench --min-log2 "$min_log2" --max-log2 "$max_log2" --runs "$runs" | tee "$results/gpu_benchmark_raw.txt"
-python3 benchmarks/gpu/framework_baselines.py --min-log2 "$min_log2" --max-log2 "$max_log2" --runs "$runs" |
-  tee -a "$results/gpu_benchmark_raw.txt"
-python3 benchmarks/gpu/report.py "$results/gpu_benchmark_raw.txt" --out "$results/gpu_benchmark.md" --append BENCHMARKS.md
+"$harness" --check --max-log2 "$max_log2" > "$results/gpu_check.txt" || { grep -v " ok$" "$results/gpu_check.txt"; exit 1; }
+tail -1 "$results/gpu_check.txt"
+if command -v compute-sanitizer > /dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 3 "$harness" --check --max-log2 "$memcheck_log2" \
+    > "$results/gpu_memcheck.txt" 2>&1 || { grep -v " ok$" "$results/gpu_memcheck.txt" | tail -40; exit 1; }
+  tail -2 "$results/gpu_memcheck.txt"
+else
+  echo "compute-sanitizer not found: memcheck skipped" | tee "$results/gpu_memcheck.txt"
+fi
+"$harness" --bench --min-log2 "$min_log2" --max-log2 "$max_log2" --runs "$runs" > "$results/gpu_benchmark_raw.txt"
+python3 benchmarks/gpu/framework_baselines.py --min-log2 "$min_log2" --max-log2 "$max_log2" --runs "$runs" \
+  >> "$results/gpu_benchmark_raw.txt"
+python3 benchmarks/gpu/report.py "$results/gpu_benchmark_raw.txt" --out "$results/gpu_benchmark.md" \
+  ${append_to:+--append "$append_to"}

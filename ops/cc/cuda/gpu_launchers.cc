@@ -4,7 +4,7 @@
 // query) and enqueue the framework-free CUDA code of tfcomp_cuda.h on the op's stream. A CUDA error
 // becomes an Internal error naming the op.
 // Nothing here waits for the device except the decode, which synchronises its stream once, after the
-// scatter, to report an index out of range. Threshold and seed stay in device memory (their values
+// decode, to report an index out of range. Threshold and seed stay in device memory (their values
 // are not checked, see ops/cc/kernels/checks.h); estimate_threshold's ratio is in host memory.
 // First: included after TensorFlow's logging, stream_executor's absl/log/check.h redefines CHECK.
 #include <cuda_runtime_api.h>
@@ -107,16 +107,17 @@ Status SparseBatchedDecodeLauncher<GpuDevice, T>::operator()(OpKernelContext* co
                                                              const Tensor& indices, Tensor* dense,
                                                              int64_t* bad_position, int32_t* bad_index) const {
   const int64_t n = values.NumElements();
-  cudaStream_t stream;
-  TF_RETURN_IF_ERROR(GetStream(context, &stream));
   Tensor first_bad_tensor;
   TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_INT64, {1}, &first_bad_tensor));
   int64_t* first_bad = first_bad_tensor.flat<int64_t>().data();
   const int32_t* pair_indices = indices.flat<int32_t>().data();
-  TF_RETURN_IF_ERROR(CudaStatus(
-      context, cuda::SparseBatchedDecode<typename FormatOf<T>::type>(AsBits(values.flat<T>().data()), pair_indices, n,
-                                                                    dense->NumElements(), MutableBits<T>(dense),
-                                                                    first_bad, stream)));
+  TF_RETURN_IF_ERROR(LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
+    return cuda::SparseBatchedDecode<typename FormatOf<T>::type>(AsBits(values.flat<T>().data()), pair_indices, n,
+                                                                 dense->NumElements(), MutableBits<T>(dense),
+                                                                 first_bad, scratch, bytes, stream);
+  }));
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
   // The one wait: is any index out of range?
   int64_t bad = 0;
   TF_RETURN_IF_ERROR(

@@ -13,8 +13,7 @@
 //   * Work is enqueued on `stream`; nothing synchronises. The return value is the first CUDA error
 //     met (cudaErrorInvalidValue for arguments out of range), cudaSuccess otherwise.
 //   * Gradients hold < 2^31 elements (indices are int32), and so do the sample and the outputs.
-//   * Results are those of the CPU kernels (ops/cc/kernels/) for the same inputs and seed, except the
-//     order of additions in the decode.
+//   * Results are those of the CPU kernels (ops/cc/kernels/) for the same inputs and seed.
 #ifndef TFCOMP_OPS_CC_CUDA_TFCOMP_CUDA_H_
 #define TFCOMP_OPS_CC_CUDA_TFCOMP_CUDA_H_
 
@@ -60,12 +59,15 @@ cudaError_t TopkCompress(const typename Format::Bits* grad, int64_t size, int64_
                          int32_t* indices, void* scratch, size_t* scratch_bytes, cudaStream_t stream);
 
 // sparse_batched_decode: dense[size] = the sum of the n pairs (values[p], indices[p]), for example
-// K workers' payloads concatenated, in one launch (atomicAdd scatter). Index -1 is skipped. An index
-// < -1 or >= size is not added; the smallest such pair position is left in *first_bad (device), which
-// holds a value >= n when every index is valid. Needs no scratch.
+// K workers' payloads concatenated: the pairs sorted by index (stable), then every output tile
+// written once with its indices' sums, each added in pair order in the format's arithmetic, so the
+// result is deterministic and equals the CPU kernel's bit for bit (NaN payloads aside). Index -1 is skipped. An index
+// < -1 or >= size is not added; the smallest such pair position is left in *first_bad (device),
+// which holds a value >= n when every index is valid. Needs scratch (about 8 bytes per pair).
 template <class Format>
 cudaError_t SparseBatchedDecode(const typename Format::Bits* values, const int32_t* indices, int64_t n, int64_t size,
-                                typename Format::Bits* dense, int64_t* first_bad, cudaStream_t stream);
+                                typename Format::Bits* dense, int64_t* first_bad, void* scratch, size_t* scratch_bytes,
+                                cudaStream_t stream);
 
 // zero_at: data[i - offset] = 0 for every index i = indices[p] (device) with offset <= i < offset +
 // size; the other indices are skipped. Needs no scratch.

@@ -1,7 +1,9 @@
-// CUDA estimate_threshold: gather the stratified sample's magnitude keys, sort them (CUB), pick the
-// k-th largest finite key on the device. See tfcomp_cuda.h.
-#include <cub/cub.cuh>
-
+// CUDA estimate_threshold: the k-th largest finite magnitude key of the stratified sample, found by a
+// radix select on 8-bit digits from the top (4 rounds for float32, 2 for 16-bit formats) rather than
+// a sort: the gather histograms the first digit, each further round histograms the next digit of the
+// keys that share the digits chosen so far, and a last one-warp kernel reads the key off the
+// histograms. Each round's block first re-derives the chosen digits from the earlier histograms, so
+// nothing waits for the host. Exact: the same key as the CPU's selection. See tfcomp_cuda.h.
 #include "ops/cc/cuda/device_util.cuh"
 #include "ops/cc/cuda/tfcomp_cuda.h"
 #include "ops/cc/lib/hashing.h"
@@ -11,36 +13,151 @@ namespace tfcomp {
 namespace cuda {
 namespace {
 
-// keys[i] = magnitude key of grad[SamplePosition(i, n, size, *seed)] (grad[i] when n == size).
-template <class Format>
-__global__ void GatherSampleKeys(const typename Format::Bits* grad, int64_t size, int64_t n, const int64_t* seed,
-                                 typename Format::Bits* keys) {
-  const uint64_t sample_seed = static_cast<uint64_t>(*seed);
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const int64_t position = n == size ? i : SamplePosition(i, n, size, sample_seed);
-    keys[i] = MagnitudeKey<Format>(grad[position]);
+constexpr int kDigitBits = 8;
+constexpr int kBins = 1 << kDigitBits;
+constexpr unsigned int kNoDigit = 0xFFFFFFFFu;  // a lane with no key to count
+
+template <class Bits>
+__host__ __device__ constexpr int NumRounds() {
+  return 8 * sizeof(Bits) / kDigitBits;
+}
+template <class Bits>
+__device__ __forceinline__ int DigitShift(int round) {
+  return 8 * sizeof(Bits) - kDigitBits * (round + 1);
+}
+
+// What the rounds so far have decided.
+template <class Bits>
+struct Selection {
+  Bits prefix;         // the digits chosen so far, in place
+  int64_t remaining;   // the rank wanted among the keys that share them (1 = largest)
+  bool none_finite;    // no sample is finite
+};
+
+// Run by one whole warp: the digits of rounds [0, rounds_done) from their histograms hist[round][kBins],
+// for the k-th largest finite key (the smallest when fewer than k are finite). Lane l holds bins
+// [kBins - 8 (l + 1), kBins - 8 l), so lanes in order walk the bins from the largest digit down.
+template <class Bits>
+__device__ Selection<Bits> ChooseDigits(const unsigned int* hist, int rounds_done, int64_t k) {
+  constexpr int kBinsPerLane = kBins / 32;
+  const int lane = threadIdx.x % 32;
+  Selection<Bits> selection{0, k, false};
+  for (int round = 0; round < rounds_done; ++round) {
+    const unsigned int* bins = hist + round * kBins;
+    const int top = kBins - 1 - kBinsPerLane * lane;  // this lane's largest bin
+    int64_t own = 0;
+    for (int b = 0; b < kBinsPerLane; ++b) own += bins[top - b];
+    int64_t through = own;  // inclusive prefix over lanes 0..lane
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int64_t other = __shfl_up_sync(0xFFFFFFFFu, through, offset);
+      if (lane >= offset) through += other;
+    }
+    if (round == 0) {
+      const int64_t finite = __shfl_sync(0xFFFFFFFFu, through, 31);
+      if (finite == 0) return Selection<Bits>{0, 0, true};
+      if (selection.remaining > finite) selection.remaining = finite;
+    }
+    const int holder = __ffs(__ballot_sync(0xFFFFFFFFu, through >= selection.remaining)) - 1;
+    int digit = 0;
+    int64_t before = through - own;  // keys in larger digits than this lane's bins
+    if (lane == holder) {
+      for (int b = 0; b < kBinsPerLane; ++b) {
+        if (before + bins[top - b] >= selection.remaining) {
+          digit = top - b;
+          break;
+        }
+        before += bins[top - b];
+      }
+    }
+    digit = __shfl_sync(0xFFFFFFFFu, digit, holder);
+    before = __shfl_sync(0xFFFFFFFFu, before, holder);
+    selection.remaining -= before;
+    selection.prefix |= static_cast<Bits>(digit) << DigitShift<Bits>(round);
+  }
+  return selection;
+}
+
+// Adds 1 to bins[digit] for every lane whose digit is not kNoDigit, one shared atomic per distinct
+// digit of the warp. All 32 lanes call it together.
+__device__ __forceinline__ void CountDigit(unsigned int digit, unsigned int* bins) {
+  const unsigned int peers = __match_any_sync(0xFFFFFFFFu, digit);
+  if (digit != kNoDigit && threadIdx.x % 32 == __ffs(peers) - 1) atomicAdd(bins + digit, __popc(peers));
+}
+
+// The block's shared histogram, added to the round's global one.
+__device__ __forceinline__ void PublishHistogram(const unsigned int* local, unsigned int* global) {
+  __syncthreads();
+  for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
+    if (local[b] != 0) atomicAdd(global + b, local[b]);
   }
 }
 
-// One thread: the non-finite keys lead the descending order; *threshold = the value of the k-th
-// finite key (the last one when fewer than k), or of Format::kMaxFiniteKey when none is finite.
+// keys[i] = magnitude key of grad[SamplePosition(i, n, size, *seed)] (grad[i] when n == size), and
+// hist[0] = the histogram of the finite keys' first digits. hist: zeroed before the launch.
 template <class Format>
-__global__ void SelectKthFiniteKey(const typename Format::Bits* sorted_descending, int64_t n, int64_t k,
-                                   float* threshold) {
-  int64_t lo = 0, hi = n;  // first position holding a finite key
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (sorted_descending[mid] >= Format::kInfKey) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
+__global__ void GatherSampleKeys(const typename Format::Bits* grad, int64_t size, int64_t n, const int64_t* seed,
+                                 typename Format::Bits* keys, unsigned int* hist) {
+  using Bits = typename Format::Bits;
+  __shared__ unsigned int local[kBins];
+  for (int b = threadIdx.x; b < kBins; b += blockDim.x) local[b] = 0;
+  __syncthreads();
+  const uint64_t sample_seed = static_cast<uint64_t>(*seed);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // Whole warps step together (CountDigit needs every lane).
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x / 32 * 32; base < n;
+       base += stride) {
+    const int64_t i = base + threadIdx.x % 32;
+    unsigned int digit = kNoDigit;
+    if (i < n) {
+      const int64_t position = n == size ? i : SamplePosition(i, n, size, sample_seed);
+      const Bits key = MagnitudeKey<Format>(grad[position]);
+      keys[i] = key;
+      if (key < Format::kInfKey) digit = key >> DigitShift<Bits>(0);
     }
+    CountDigit(digit, local);
   }
-  const int64_t num_finite = n - lo;
-  const typename Format::Bits key =
-      num_finite == 0 ? Format::kMaxFiniteKey : sorted_descending[lo + (k < num_finite ? k : num_finite) - 1];
-  *threshold = Format::KeyToFloat(key);
+  PublishHistogram(local, hist);
+}
+
+// hist[round] = the histogram of digit `round` of the finite keys that share the digits chosen in
+// the rounds before (read off hist[0, round)). hist[round]: zeroed before the launch.
+template <class Format>
+__global__ void CountRound(const typename Format::Bits* keys, int64_t n, int64_t k, int round, unsigned int* hist) {
+  using Bits = typename Format::Bits;
+  __shared__ unsigned int local[kBins];
+  __shared__ Selection<Bits> chosen;
+  for (int b = threadIdx.x; b < kBins; b += blockDim.x) local[b] = 0;
+  if (threadIdx.x < 32) {
+    const Selection<Bits> selection = ChooseDigits<Bits>(hist, round, k);
+    if (threadIdx.x == 0) chosen = selection;
+  }
+  __syncthreads();
+  if (chosen.none_finite) return;
+  const int shift = DigitShift<Bits>(round);
+  const Bits decided = static_cast<Bits>(~((Bits{1} << (shift + kDigitBits)) - 1));  // the digits above
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x / 32 * 32; base < n;
+       base += stride) {
+    const int64_t i = base + threadIdx.x % 32;
+    unsigned int digit = kNoDigit;
+    if (i < n) {
+      const Bits key = keys[i];
+      if (key < Format::kInfKey && (key & decided) == chosen.prefix) digit = (key >> shift) & (kBins - 1);
+    }
+    CountDigit(digit, local);
+  }
+  PublishHistogram(local, hist + round * kBins);
+}
+
+// One warp: *threshold = the value of the key all rounds chose, or of Format::kMaxFiniteKey when no
+// sample is finite.
+template <class Format>
+__global__ void WriteThreshold(const unsigned int* hist, int64_t k, float* threshold) {
+  using Bits = typename Format::Bits;
+  const Selection<Bits> selection = ChooseDigits<Bits>(hist, NumRounds<Bits>(), k);
+  if (threadIdx.x == 0) {
+    *threshold = Format::KeyToFloat(selection.none_finite ? Format::kMaxFiniteKey : selection.prefix);
+  }
 }
 
 }  // namespace
@@ -50,21 +167,22 @@ cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, i
                               const int64_t* seed, float* threshold, void* scratch, size_t* scratch_bytes,
                               cudaStream_t stream) {
   using Bits = typename Format::Bits;
+  constexpr int kRounds = NumRounds<Bits>();
   if (size < 1 || n < 1 || n > size || n > kMaxElements || k < 1) return cudaErrorInvalidValue;
   ScratchCarver carver(scratch);
   Bits* keys = carver.Take<Bits>(n);
-  Bits* sorted = carver.Take<Bits>(n);
-  size_t sort_bytes = 0;
-  TFCOMP_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeysDescending(
-      nullptr, sort_bytes, keys, sorted, static_cast<int>(n), 0, 8 * sizeof(Bits), stream));
-  void* sort_scratch = carver.TakeBytes(sort_bytes);
+  unsigned int* hist = carver.Take<unsigned int>(kRounds * kBins);
   TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes);
 
-  GatherSampleKeys<Format><<<NumBlocks(n, kThreads), kThreads, 0, stream>>>(grad, size, n, seed, keys);
+  const unsigned int blocks = NumBlocks(n, kThreads * 8);
+  TFCOMP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(hist, 0, kRounds * kBins * sizeof(*hist), stream));
+  GatherSampleKeys<Format><<<blocks, kThreads, 0, stream>>>(grad, size, n, seed, keys, hist);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
-  TFCOMP_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeysDescending(
-      sort_scratch, sort_bytes, keys, sorted, static_cast<int>(n), 0, 8 * sizeof(Bits), stream));
-  SelectKthFiniteKey<Format><<<1, 1, 0, stream>>>(sorted, n, k, threshold);
+  for (int round = 1; round < kRounds; ++round) {
+    CountRound<Format><<<blocks, kThreads, 0, stream>>>(keys, n, k, round, hist);
+    TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
+  }
+  WriteThreshold<Format><<<1, 32, 0, stream>>>(hist, k, threshold);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   return cudaSuccess;
 }
