@@ -51,6 +51,39 @@ def test_json_matches_the_formulas(rng):
     assert any("--encode-ms" in a for a in out["assumptions"])
 
 
+@pytest.mark.parametrize("compressor", ["dragonn", "dgc", "topk"])
+def test_device_prices_buckets_from_the_gpu_table(capsys, compressor, rng):
+    from tfcomp import compressors, device_costs
+
+    params, workers = int(rng.integers(10**6, 10**8)), int(rng.integers(2, 64))
+    assert whatif.main(["--params", str(params), "--workers", str(workers), "--compressor", compressor,
+                        "--device", "H100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])  # after the seed line of conftest
+    table = device_costs.MEASURED["h100"]
+    assert table.gpu in out["assumptions"][0] and table.date in out["assumptions"][0]
+    assert out["inputs"]["device"] == "H100" and out["inputs"]["encode_ms"] is None
+    cost, _ = device_costs.bucket_cost(table, getattr(compressors, whatif._COMPRESSORS[compressor])(0.001), workers)
+    compressed = [r for r in out["strategies"] if r["name"] != "dense_ring_allreduce"]
+    assert compressed and all(r["compression_s"] == pytest.approx(cost(params)) for r in compressed)
+
+
+@pytest.mark.parametrize("compressor, ops", [("DRAGONN", ("estimate_threshold", "dragonn_compress")),
+                                             ("DGC", ("estimate_threshold", "dgc_compress")),
+                                             ("TopK", ("topk_compress",))])
+def test_device_fit_follows_the_measured_table(compressor, ops):
+    """Encode plus decode of K payloads as fitted, against the table's own sums where the times are
+    large enough to matter (2^24 elements and up): within 25 %."""
+    from tfcomp import compressors, device_costs
+
+    table = device_costs.MEASURED["h100"]
+    for k in (4, 16, 64):
+        cost, _ = device_costs.bucket_cost(table, getattr(compressors, compressor)(table.ratio), k)
+        for i, d in enumerate(table.sizes):
+            measured = 1e-3 * (sum(table.ms[op][i] for op in ops) + table.ms[f"decode_K{k}"][i])
+            if d >= 2**24:
+                assert cost(d) == pytest.approx(measured, rel=0.25), (compressor, k, d)
+
+
 def test_fast_network_and_slow_encode_choose_dense():
     out = json.loads(run("--params", "1000000", "--workers", "4", "--bandwidth", "400Gbps", "--latency", "1us",
                          "--encode-ms", "20", "--json").stdout)
@@ -193,6 +226,9 @@ def test_randomk_offers_its_allreduce_and_quantisers_their_allgather():
     (["--params", "100", "--ratio", "1.5"], "--ratio: ratio must be a number in (0, 1], got 1.5"),
     (["--params", "100", "--encode-ms", "-3"], "--encode-ms must be a number of milliseconds >= 0"),
     (["--params", "100", "--encode-ms", "1", "--measure-here"], "not allowed with argument --encode-ms"),
+    (["--params", "100", "--encode-ms", "1", "--device", "h100"], "not allowed with argument --encode-ms"),
+    (["--params", "100", "--device", "a100"], "--device must be one of h100 (the GPUs measured), got 'a100'"),
+    (["--params", "100", "--device", "h100", "--compressor", "qsgd"], "no GPU figures for QSGD"),
     (["--params", "abc"], "--params must be a number of elements, e.g. 126000000, 1.2e8 or 25.6M; got 'abc'"),
     (["--bandwidth", "1Gbps"], "one of the arguments --params --profile is required"),
     (["--profile", "/nonexistent/profile.json"], "--profile '/nonexistent/profile.json' is not a readable profile"),

@@ -14,8 +14,9 @@ exchange runs it. The choice it prints is that plan, with its speed-up over stoc
 
 What compression costs is never measured behind your back: give --encode-ms (and --decode-ms), the
 milliseconds to encode and decode all the gradients once (priced per element for buckets of part of
-them), or --measure-here to time it now on this machine's CPU with the op library (a few seconds;
-that CPU is not your cluster's GPU). Every figure the prediction assumes is printed with it. A profile
+them), --device h100 for the op library's CUDA kernels as measured on that GPU (tfcomp.device_costs,
+priced per bucket), or --measure-here to time it now on this machine's CPU with the op library (a
+few seconds; that CPU is not your cluster's GPU). Every figure the prediction assumes is printed with it. A profile
 may carry the forward and backward times and each gradient's ready time, measured on a machine of
 yours (`save_profile(model, path, batch=(x, y), loss=...)`, by `measure_step_times`); without ready
 times the gradients are assumed ready in backprop order in proportion to their elements over
@@ -37,6 +38,7 @@ import math
 import sys
 
 from tfcomp import cost_model as cm
+from tfcomp import device_costs
 from tfcomp import planning
 
 __all__ = ["main", "measure_step_times", "predict", "save_profile"]
@@ -74,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     costs.add_argument("--encode-ms", type=float, help="milliseconds to encode all the gradients once, on your devices")
     costs.add_argument("--measure-here", action="store_true",
                        help="time encode and decode now on this machine's CPU (imports TensorFlow; a few seconds)")
+    costs.add_argument("--device", help=f"use the encode and decode times measured on a GPU: "
+                                        f"{', '.join(device_costs.MEASURED)} (tfcomp.device_costs)")
     parser.add_argument("--decode-ms", type=float, default=0.0,
                         help="milliseconds to decode all workers' payloads once, with --encode-ms (default 0)")
     parser.add_argument("--forward-ms", type=float,
@@ -251,9 +255,15 @@ def _compression_cluster(args, network: cm.Network, compressor, sizes: list) -> 
             f"compression: measured just now on this machine's CPU, {args.workers} workers' payloads decoded: "
             f"{1e3 * figures.encode_decode.c0:.3f} ms + {1e9 * figures.encode_decode.c1:.3f} ns per element per "
             f"bucket, {1e3 * figures.per_tensor:.3f} ms per tensor, {1e3 * figures.fixed:.3f} ms per step")
+    if args.device is not None:
+        try:
+            cost, sentence = device_costs.bucket_cost(device_costs.device(args.device), compressor, args.workers)
+        except ValueError as error:
+            raise _UsageError(str(error)) from None
+        return dataclasses.replace(cluster, encode_decode=cost), sentence
     if args.encode_ms is None:
-        raise _UsageError("say what compression costs on your devices: --encode-ms (and --decode-ms), or "
-                          "--measure-here to time it on this machine's CPU")
+        raise _UsageError("say what compression costs on your devices: --encode-ms (and --decode-ms), --device "
+                          "for a GPU's measured figures, or --measure-here to time it on this machine's CPU")
     seconds = _checked_ms("--encode-ms", args.encode_ms) + _checked_ms("--decode-ms", args.decode_ms)
     cluster = dataclasses.replace(cluster, encode_decode=cm.AffineCost(0.0, seconds / sum(sizes)))
     return cluster, (f"compression: {args.encode_ms:g} ms encode + {args.decode_ms:g} ms decode for all "
@@ -381,7 +391,8 @@ def _run(argv) -> int:
         inputs = {"elements": sum(n for _, n in tensors), "tensors": len(tensors), "workers": args.workers,
                   "latency_s": network.latency, "bandwidth_bytes_per_s": network.bandwidth,
                   "compressor": repr(compressor), "forward_s": forward, "backward_s": backward,
-                  "encode_ms": args.encode_ms, "decode_ms": args.decode_ms, "measure_here": args.measure_here}
+                  "encode_ms": args.encode_ms, "decode_ms": args.decode_ms, "measure_here": args.measure_here,
+                  "device": args.device}
         print(json.dumps({"inputs": inputs, "assumptions": assumptions, **result}))
     else:
         print(_text(args, named, compressor, assumptions, result, plan))

@@ -2,6 +2,7 @@
 with the GPU model, driver and date, and the acceptance ratios of issue 15 at the largest d.
 
   python3 benchmarks/gpu/report.py RAW_FILE [--out FILE.md] [--append BENCHMARKS.md]
+  python3 benchmarks/gpu/report.py RAW_FILE --device-entry h100   (an entry of tfcomp.device_costs)
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def parse(path: str):
 
 
 def gpu_and_driver(info):
+    if "DRIVER" in info:  # recorded by run.sh on the GPU's machine
+        return info.get("GPU", "unknown GPU"), info["DRIVER"]
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                              capture_output=True, text=True, check=True).stdout.splitlines()[0]
@@ -87,12 +90,40 @@ def render(results, info) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The ops tfcomp.device_costs keeps, in its order.
+DEVICE_OPS = ["estimate_threshold", "dragonn_compress", "dgc_compress", "topk_compress", "decode_K1", "decode_K4",
+              "decode_K16", "decode_K64"]
+
+
+def device_entry(name, results, info) -> str:
+    """The entry of tfcomp.device_costs.MEASURED for these results, as Python source."""
+    gpu, driver = gpu_and_driver(info)
+    sizes = sorted({d for _, d in results})
+    log2 = [d.bit_length() - 1 for d in sizes]
+    if sizes != [2**e for e in range(log2[0], log2[-1] + 1)]:
+        raise SystemExit(f"report.py: --device-entry needs consecutive powers of two, got {sizes}")
+    lines = [f'    "{name}": DeviceCosts(',
+             f'        gpu="{gpu}", driver="{driver}", cuda_runtime="{info.get("CUDA_RUNTIME", "?")}",',
+             f'        date="{datetime.date.today().isoformat()}", ratio={float(info.get("RATIO", "0.001"))},',
+             f"        sizes=tuple(2 ** e for e in range({log2[0]}, {log2[-1] + 1})),",
+             "        ms={"]
+    for op in DEVICE_OPS:
+        lines.append(f'            "{op}": ({", ".join(f"{results[(op, d)]:.4f}" for d in sizes)}),')
+    lines += ["        }),"]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("raw")
     parser.add_argument("--out")
     parser.add_argument("--append")
+    parser.add_argument("--device-entry", metavar="NAME",
+                        help="print the results as an entry NAME of tfcomp.device_costs.MEASURED instead")
     args = parser.parse_args()
+    if args.device_entry:
+        sys.stdout.write(device_entry(args.device_entry, *parse(args.raw)))
+        return 0
     table = render(*parse(args.raw))
     sys.stdout.write(table)
     if args.out:

@@ -32,7 +32,9 @@ if command -v compute-sanitizer > /dev/null; then
 else
   echo "compute-sanitizer not found: memcheck skipped" | tee "$results/gpu_memcheck.txt"
 fi
-"$harness" --bench --min-log2 "$min_log2" --max-log2 "$max_log2" --runs "$runs" > "$results/gpu_benchmark_raw.txt"
+printf 'DRIVER\t%s\n' "$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)" \
+  > "$results/gpu_benchmark_raw.txt"
+"$harness" --bench --min-log2 "$min_log2" --max-log2 "$max_log2" --runs "$runs" >> "$results/gpu_benchmark_raw.txt"
 python3 benchmarks/gpu/framework_baselines.py --min-log2 "$min_log2" --max-log2 "$max_log2" --runs "$runs" \
   >> "$results/gpu_benchmark_raw.txt"
 python3 benchmarks/gpu/report.py "$results/gpu_benchmark_raw.txt" --out "$results/gpu_benchmark.md" \

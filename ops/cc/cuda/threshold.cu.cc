@@ -174,7 +174,7 @@ cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, i
   unsigned int* hist = carver.Take<unsigned int>(kRounds * kBins);
   TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes);
 
-  const unsigned int blocks = NumBlocks(n, kThreads * 8);
+  const unsigned int blocks = NumBlocks(n, kThreads * 2);  // latency-bound: many blocks
   TFCOMP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(hist, 0, kRounds * kBins * sizeof(*hist), stream));
   GatherSampleKeys<Format><<<blocks, kThreads, 0, stream>>>(grad, size, n, seed, keys, hist);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
