@@ -136,6 +136,12 @@ def _flush_denormals(x: np.ndarray) -> np.ndarray:
     return np.where(tiny, np.copysign(np.zeros_like(x), x), x)
 
 
+def accumulate(g: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """float32 g + r as TensorFlow's CPU kernels compute it: denormal inputs and results flushed to
+    zero (TensorFlow sets FTZ and DAZ on its threads)."""
+    return _flush_denormals(_flush_denormals(g.astype(np.float32)) + _flush_denormals(r.astype(np.float32)))
+
+
 def sparse_batched_decode(values: np.ndarray, indices: np.ndarray, size: int) -> np.ndarray:
     """Dense sum of the pairs in pair order; index -1 skipped.
 

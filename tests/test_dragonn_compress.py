@@ -160,3 +160,62 @@ def test_runs_inside_tf_function_with_a_seed_tensor(rng):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def gradient_and_residual(rng, shape):
+    """float32 gradient and residual with NaN, +-Inf and denormals sprinkled in, and a few sums that
+    come out denormal."""
+    g, r = random_gradient(rng, shape, np.float32), random_gradient(rng, shape, np.float32)
+    flat_g, flat_r = g.reshape(-1), r.reshape(-1)
+    if flat_g.size >= 8:
+        spots = rng.choice(flat_g.size, 8, replace=False)
+        flat_g[spots[:4]] = [np.nan, np.inf, -np.inf, 1e-40]
+        flat_r[spots[4:6]] = [np.nan, 3e-39]
+        flat_g[spots[6:]], flat_r[spots[6:]] = 1.5e-38, -1.4e-38  # a denormal sum
+    return g, r
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_addend_sparsifies_the_sum_and_writes_it(rng, shape):
+    g, r = gradient_and_residual(rng, shape)
+    total = ref.accumulate(g, r)
+    threshold = quantile_threshold(total, fraction=rng.uniform(0.001, 0.2))
+    selected = int(ref.selected(total, threshold).sum())
+    for num_slots in {1, max(1, selected // 2), 2 * selected + 5}:
+        seed = int(rng.integers(-(2**63), 2**63 - 1))
+        values, indices, written = ops.dragonn_compress(g, threshold, num_slots, seed, addend=r)
+        expected_values, expected_indices = ref.dragonn_compress(total, threshold, num_slots, seed)
+        np.testing.assert_array_equal(indices.numpy(), expected_indices)
+        assert_same_bits(values.numpy(), expected_values)
+        assert_same_bits(written.numpy(), total)
+
+
+def test_addend_gives_what_adding_first_gives(rng):
+    g, r = gradient_and_residual(rng, (1000, 300))
+    values, indices, written = ops.dragonn_compress(g, 0.7, 3000, 11, addend=r)
+    added = tf.add(g, r)
+    expected_values, expected_indices = ops.dragonn_compress(added, 0.7, 3000, 11)
+    np.testing.assert_array_equal(indices.numpy(), expected_indices.numpy())
+    assert_same_bits(values.numpy(), expected_values.numpy())
+    assert_same_bits(written.numpy(), added.numpy())
+
+
+@pytest.mark.parametrize(
+    "grad_dtype, addend, message",
+    [
+        (np.float32, np.zeros(99, np.float32), r"addend must have the shape of grad, \[100\], got \[99\]"),
+        (np.float16, np.zeros(100, np.float16), r"addend is supported for float32 only, got half grad"),
+    ],
+)
+def test_bad_addend_names_the_argument(rng, grad_dtype, addend, message):
+    g = random_gradient(rng, (100,), grad_dtype)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        ops.dragonn_compress(g, 0.1, 10, 1, addend=addend)
+
+
+def test_more_than_one_addend_is_refused(rng):
+    from tfcomp.ops import load_library
+
+    g = random_gradient(rng, (100,), np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"addend must hold at most one tensor, got 2"):
+        load_library().tfcomp_dragonn_compress(g, 0.1, tf.constant(1, tf.int64), [g, g], num_slots=10)

@@ -111,3 +111,19 @@ def test_graph_mode_names_the_bad_argument():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("num_samples", [1, 5000, 1_000_000])
+def test_addend_samples_the_sum(rng, shape, num_samples):
+    g, r = random_gradient(rng, shape, np.float32), random_gradient(rng, shape, np.float32)
+    ratio = float(np.float32(rng.uniform(0.0005, 0.5)))
+    seed = int(rng.integers(-(2**63), 2**63 - 1))
+    actual = ops.estimate_threshold(g, ratio, num_samples, seed, addend=r).numpy()
+    assert actual == ref.estimate_threshold(ref.accumulate(g, r), ratio, num_samples, seed)
+
+
+def test_bad_addend_names_the_argument(rng):
+    g = random_gradient(rng, (100,), np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"addend must have the shape of grad, \[100\], got \[10,10\]"):
+        ops.estimate_threshold(g, 0.1, 50, 1, addend=g.reshape(10, 10))

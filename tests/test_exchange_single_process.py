@@ -712,3 +712,44 @@ def test_more_gradients_than_sources_is_a_value_error():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+class _AddsFirst(tfcomp.DRAGONN):
+    """DRAGONN whose exchange adds gradient and residual before the encode (the path of the other
+    compressors), to compare with the fused one."""
+
+    fuses_residual = False
+
+
+class _CountsFusedEncodes(tfcomp.DRAGONN):
+    fused_encodes = 0
+
+    def encode_sum(self, flat, residual, seed, worker):
+        type(self).fused_encodes += 1
+        return super().encode_sum(flat, residual, seed, worker)
+
+
+def test_fused_accumulation_equals_adding_first(rng):
+    """DRAGONN adds a one-tensor bucket's residual inside its kernels' pass: the reduced gradients
+    and the residuals are those of adding first, bit for bit, over steps with NaN and Inf (which
+    leave the memory as it was) and steps without."""
+    shapes = [(3001,), (40, 50)]
+    exchanges, variables = [], []
+    for compressor_class in (_CountsFusedEncodes, _AddsFirst):
+        compressor = compressor_class(RATIO, min_elements=MIN_ELEMENTS, planning="off", strategy="allgather")
+        exchanges.append(tfcomp.GradientExchange(compressor))
+        variables.append([tf.Variable(tf.zeros(s)) for s in shapes])
+    for step in range(5):
+        grads = [random_gradient(rng, s, np.float32) for s in shapes]
+        if step == 2:
+            grads[0][7] = np.nan
+        if step == 3:
+            grads[1][3, 4] = np.inf
+        outs = [[o.numpy() for o in exchange([tf.constant(g) for g in grads], vs)]
+                for exchange, vs in zip(exchanges, variables)]
+        for fused, added in zip(*outs):
+            assert_same_bits(fused, added)
+        for fused_var, added_var in zip(*variables):
+            assert_same_bits(residual(exchanges[0], fused_var), residual(exchanges[1], added_var))
+        assert np.any(residual(exchanges[0], variables[0][0]) != 0)
+    assert _CountsFusedEncodes.fused_encodes > 0

@@ -63,7 +63,7 @@ def test_ops_are_namespaced_and_have_no_gradient():
 @pytest.mark.parametrize(
     "op, inputs, attr",
     [
-        ("tfcomp_dragonn_compress", ([1.0, 2.0], 0.1, 1), "num_slots"),
+        ("tfcomp_dragonn_compress", ([1.0, 2.0], 0.1, 1, []), "num_slots"),
         ("tfcomp_dgc_compress", ([1.0, 2.0], 0.1), "max_out"),
         ("tfcomp_topk_compress", ([1.0, 2.0],), "k"),
         ("tfcomp_sparse_batched_decode", ([1.0], [0]), "size"),

@@ -151,6 +151,9 @@ class Compressor:
         leaves a non-finite value in the payload's floating-point tensors (NaN and Inf always
         selected and ranked first; a scale or norm over every element), so that the exchange
         learns of it from the payload instead of a pass over the tensor.
+      fuses_residual: (class) whether `encode_sum` adds the gradient and the residual in its
+        kernels' own pass (read once, the sum written there), so that the exchange hands them over
+        apart instead of adding them first.
 
     Integers may be Python or NumPy integers (not bools, not floats such as 4.0); numbers may be
     Python or NumPy reals, finite. Anything else is a ValueError naming the argument and its value.
@@ -159,6 +162,7 @@ class Compressor:
     collective = "allgather"
     dense_element_bytes = 4  # bytes per element when a bucket is sent dense
     payload_shows_non_finite = False
+    fuses_residual = False
 
     def __init__(self, *, error_feedback: bool, momentum=None, adam=None, warmup_steps: int = 0,
                  min_elements: int = DEFAULT_MIN_ELEMENTS, planning: str = "auto", strategy=None):
@@ -213,6 +217,12 @@ class Compressor:
     def encode(self, flat: tf.Tensor, seed: tf.Tensor, worker: int) -> Encoded:
         """flat: float32 [size]; seed: int64 scalar; worker: this rank's index."""
         raise NotImplementedError
+
+    def encode_sum(self, flat: tf.Tensor, residual: tf.Tensor, seed: tf.Tensor, worker: int):
+        """(`encode` of acc = flat + residual, acc), all float32 [size]; this default adds them
+        first, a compressor with `fuses_residual` in its kernels' pass."""
+        accumulated = flat + residual
+        return self.encode(accumulated, seed, worker), accumulated
 
     def decode_local(self, encoded: Encoded, size: int) -> tf.Tensor:
         """float32 [size]: the dense value of this worker's own payload."""
@@ -287,6 +297,7 @@ class DRAGONN(_Sparsifier):
     """
 
     payload_shows_non_finite = True
+    fuses_residual = True
 
     def __init__(self, ratio=0.001, *, slots_per_element=1.0, num_samples=65536, **kwargs):
         if not _is_real(slots_per_element) or not 0 < slots_per_element <= _MAX_SLOTS_PER_ELEMENT:
@@ -299,14 +310,22 @@ class DRAGONN(_Sparsifier):
         return max(1, math.floor(self.slots_per_element * self.ratio * size + 0.5))
 
     def encode(self, flat, seed, worker):
+        return Encoded(self._compress(flat, None, seed, worker))
+
+    def encode_sum(self, flat, residual, seed, worker):
+        values, indices, accumulated = self._compress(flat, residual, seed, worker)
+        return Encoded((values, indices)), accumulated
+
+    def _compress(self, flat, residual, seed, worker):
+        """dragonn_compress's outputs for flat (+ residual, added in its pass, then also the sum)."""
         size = int(flat.shape[0])
         num_slots = self.payload_length(size)
         if num_slots > _INT32_MAX:
             raise ValueError(f"slots_per_element={self.slots_per_element!r} with ratio={self.ratio!r} gives a tensor "
                              f"of {size} elements {num_slots} slots, more than the op's {_INT32_MAX}")
         hash_seed = seed * 1_000_003 + worker
-        threshold = ops.estimate_threshold(flat, self.ratio, self.num_samples, hash_seed)
-        return Encoded(ops.dragonn_compress(flat, threshold, num_slots, hash_seed))
+        threshold = ops.estimate_threshold(flat, self.ratio, self.num_samples, hash_seed, addend=residual)
+        return ops.dragonn_compress(flat, threshold, num_slots, hash_seed, addend=residual)
 
 
 class DGC(_Sparsifier):

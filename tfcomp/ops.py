@@ -194,6 +194,12 @@ def _seed(value):
     return value
 
 
+def _addend(value) -> list:
+    """addend: [] for None, else [the tensor] (its dtype and shape are the kernel's to check: it names
+    them in its error)."""
+    return [] if value is None else [value]
+
+
 def _indices(value):
     """indices: a tensor goes to the kernel (int32, each in [-1, size)); an array or list must hold
     integers that fit int32 (TensorFlow's conversion would wrap them silently), returned as int32."""
@@ -207,7 +213,7 @@ def _indices(value):
     return array.astype(np.int32)
 
 
-def estimate_threshold(grad, ratio, num_samples: int, seed, name: str | None = None) -> tf.Tensor:
+def estimate_threshold(grad, ratio, num_samples: int, seed, addend=None, name: str | None = None) -> tf.Tensor:
     """Estimates the |g| threshold that keeps a fraction `ratio` of `grad` (004 Sec. 2, DGC).
 
     Samples min(num_samples, size) elements, one uniformly at random within each of that many equal
@@ -219,6 +225,8 @@ def estimate_threshold(grad, ratio, num_samples: int, seed, name: str | None = N
       ratio: float32 scalar in (0, 1].
       num_samples: Python int in [1, 2^63 - 1].
       seed: int64 scalar; the same seed gives the same sample positions.
+      addend: None, or a float32 tensor of grad's shape (grad then float32 too): the samples are
+        taken from grad + addend (each sum rounded once, as `tf.add` gives), never stored.
       name: optional op name.
 
     Returns:
@@ -230,11 +238,11 @@ def estimate_threshold(grad, ratio, num_samples: int, seed, name: str | None = N
     ratio, seed = _ratio(ratio), _seed(seed)
     num_samples = _check_int("num_samples", num_samples, 1, _INT64_MAX)
     return load_library().tfcomp_estimate_threshold(
-        grad, ratio, tf.cast(seed, tf.int64), num_samples=num_samples, name=name
+        grad, ratio, tf.cast(seed, tf.int64), _addend(addend), num_samples=num_samples, name=name
     )
 
 
-def dragonn_compress(grad, threshold, num_slots: int, seed, name: str | None = None):
+def dragonn_compress(grad, threshold, num_slots: int, seed, addend=None, name: str | None = None):
     """DRAGONN hashing sparsification (004 Algorithm 1).
 
     Every element with |g| >= threshold (NaN and Inf always) writes its flat index into slot h(index)
@@ -247,20 +255,25 @@ def dragonn_compress(grad, threshold, num_slots: int, seed, name: str | None = N
       threshold: finite float32 scalar.
       num_slots: Python int in [1, 2^31 - 1], the payload length.
       seed: int64 scalar selecting the hash function.
+      addend: None, or a float32 tensor of grad's shape (grad then float32 too): the op then
+        sparsifies g = grad + addend (each sum rounded once, as `tf.add` gives), computed in the
+        pass that selects and returned (error feedback's gradient plus residual, read once).
       name: optional op name.
 
     Returns:
-      (values, indices): [num_slots] of grad's dtype and [num_slots] int32; empty slots hold index -1
-      and value 0.
+      (values, indices): [num_slots] of grad's dtype and [num_slots] int32, g's values at the
+      indices; empty slots hold index -1 and value 0. With an addend, (values, indices, g), g of
+      grad's shape.
 
     Raises:
       TypeError, ValueError: a Python-number argument of the wrong type or out of range.
     """
     threshold, seed = _threshold(threshold), _seed(seed)
     num_slots = _check_int("num_slots", num_slots, 1, MAX_LENGTH)
-    return load_library().tfcomp_dragonn_compress(
-        grad, threshold, tf.cast(seed, tf.int64), num_slots=num_slots, name=name
+    values, indices, sums = load_library().tfcomp_dragonn_compress(
+        grad, threshold, tf.cast(seed, tf.int64), _addend(addend), num_slots=num_slots, name=name
     )
+    return (values, indices) if addend is None else (values, indices, sums[0])
 
 
 def dgc_compress(grad, threshold, max_out: int, name: str | None = None):

@@ -65,6 +65,28 @@ class _MemoryUpdate(NamedTuple):
     cleared: object
 
 
+class _Unsummed(NamedTuple):
+    """A one-tensor bucket's gradient and its residual's value (float32 [n] each), kept apart for a
+    compressor that `fuses_residual`: its encode adds them in the pass that selects (the sum,
+    which becomes the new residual, written there), instead of a pass that adds them first and a
+    second that reads the sum."""
+
+    grad: tf.Tensor
+    residual: tf.Tensor
+
+    @property
+    def shape(self):
+        return self.grad.shape
+
+    def total(self) -> tf.Tensor:
+        return self.grad + self.residual
+
+
+def _dense(accumulated) -> tf.Tensor:
+    """float32 [n]: an accumulated bucket as one tensor."""
+    return accumulated.total() if isinstance(accumulated, _Unsummed) else accumulated
+
+
 def _concat(flats):
     return flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
 
@@ -266,8 +288,16 @@ class StepGraph:
             return [tf.identity(r) for r in reduced]
 
     def _accumulate_bucket(self, bucket, grads, sources):
-        """(flat float32 gradients plus memory of the bucket's tensors, concatenated; their new
+        """(flat float32 gradients plus memory of the bucket's tensors, concatenated, or an
+        `_Unsummed` gradient and residual where the compressor's kernels add them; their new
         optimizer moments, each concatenated, or None)."""
+        compressor = self.compressor
+        if (compressor.fuses_residual and compressor.error_feedback and compressor.optimizer_state == 0
+                and len(bucket.positions) == 1 and bucket.strategy not in ("artopk", "dense")):
+            i, = bucket.positions
+            flat = tf.reshape(tf.cast(grads[i], tf.float32), [-1])
+            residual = self.state.memory.residual(sources[i], int(flat.shape[0]), 0)
+            return _Unsummed(flat, residual.value()), None
         parts = [self._accumulate(grads[i], sources[i]) for i in bucket.positions]
         accumulated = _concat([acc for acc, _ in parts])
         moments = None if parts[0][1] is None else tuple(_concat(list(m)) for m in zip(*[m for _, m in parts]))
@@ -366,7 +396,10 @@ class StepGraph:
             if bucket.strategy == "artopk":
                 payload = self._artopk_payload(acc, seed, worker, num_workers)
             else:
-                encoded = compressor.encode(acc, seed, worker)
+                if isinstance(acc, _Unsummed):
+                    encoded, acc = compressor.encode_sum(acc.grad, acc.residual, seed, worker)
+                else:
+                    encoded = compressor.encode(acc, seed, worker)
                 sent = None
                 if compressor.error_feedback:
                     pairs = compressor.sent_pairs(encoded)
@@ -429,7 +462,7 @@ class StepGraph:
         momentum u, or Adam's direction d) plus residual sent dense, by one grouped allreduce per
         `groups` consecutive buckets (None: one for all); the residual is then empty, and the
         moments stay as computed (nothing masked: a dense send is momentum SGD, or Adam)."""
-        flats, reduced = [acc for acc, _ in accumulated], []
+        flats, reduced = [_dense(acc) for acc, _ in accumulated], []
         for length in groups or [len(flats)]:
             reduced += self._allreduce_dense(flats[len(reduced):len(reduced) + length])
         updates = []

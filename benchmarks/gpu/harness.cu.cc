@@ -257,6 +257,42 @@ void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
     Report(at + "dragonn_compress, 16x collisions",
            CompareEncoded(RefDragonnCompress<Format>(grad, threshold, hash_seed, few_slots), got));
   }
+  if constexpr (sizeof(Bits) == sizeof(uint32_t)) {
+    // Error feedback's fused accumulation: threshold and DRAGONN of grad + residual, the sum written.
+    const std::vector<Bits> residual = MakeGradient<Format>(size, seed ^ 0x5EEDull);
+    const DeviceArray<Bits> d_residual(residual);
+    DeviceArray<Bits> d_sum(size);
+    d_sum.Poison();
+    d_threshold.Poison();
+    RunWithScratch([&](void* scratch, size_t* bytes) {
+      return cuda::EstimateThreshold<Format>(d_grad.get(), size, n, SampleRank(ratio, n), d_seed.get(),
+                                             d_threshold.get(), scratch, bytes, stream, d_residual.get());
+    });
+    RunWithScratch([&](void* scratch, size_t* bytes) {
+      return cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), budget, d_values.get(),
+                                           d_indices.get(), scratch, bytes, stream, d_residual.get(), d_sum.get());
+    });
+    const std::vector<Bits> sum = d_sum.Download();
+    Verdict sums;
+    for (int64_t i = 0; i < size; ++i) {
+      const Bits want = SumBits(grad[i], residual[i]);
+      const bool nan = std::isnan(BitsToFloat(want));
+      if ((nan ? !std::isnan(BitsToFloat(sum[i])) : sum[i] != want) && sums.mismatches++ == 0) {
+        sums.first = "sum[" + std::to_string(i) + "]: expected bits " + std::to_string(want) + ", got " +
+                     std::to_string(sum[i]);
+      }
+    }
+    Report(at + "dragonn_compress with an addend writes grad + addend", sums);
+    // The references run on the GPU's sum (NaN payloads may differ from the host's).
+    const float sum_threshold = d_threshold.Download()[0];
+    const float want_sum_threshold = RefEstimateThreshold<Format>(sum, num_samples, ratio, hash_seed);
+    Report(at + "estimate_threshold with an addend",
+           Expect(FloatToBits(sum_threshold) == FloatToBits(want_sum_threshold),
+                  "expected " + std::to_string(want_sum_threshold) + ", got " + std::to_string(sum_threshold)));
+    Report(at + "dragonn_compress with an addend",
+           CompareEncoded(RefDragonnCompress<Format>(sum, sum_threshold, hash_seed, budget), encoded()));
+    d_threshold.Upload(std::vector<float>{threshold});
+  }
   RunWithScratch([&](void* scratch, size_t* bytes) {
     return cuda::DgcCompress<Format>(d_grad.get(), size, d_threshold.get(), budget, d_values.get(), d_indices.get(),
                                      scratch, bytes, stream);

@@ -1,6 +1,7 @@
 // CUDA dragonn_compress (004 Algorithm 1): one pass over grad in which every selected element does
 // an atomicMax of its 64-bit SlotWord into its slot (deterministic: the largest word wins whatever
-// the thread order, as on the CPU), then the slots are unpacked. See tfcomp_cuda.h.
+// the thread order, as on the CPU), then the slots are unpacked; with an addend, the pass also adds
+// it and writes the sum. See tfcomp_cuda.h.
 #include "ops/cc/cuda/device_util.cuh"
 #include "ops/cc/cuda/tfcomp_cuda.h"
 #include "ops/cc/lib/hashing.h"
@@ -25,6 +26,39 @@ __global__ void HashIntoSlots(const typename Format::Bits* grad, int64_t size, c
   });
 }
 
+// HashIntoSlots over g = grad + addend (float32), which it writes to sum in the same pass.
+__global__ void HashSumIntoSlots(const uint32_t* grad, const uint32_t* addend, uint32_t* sum, int64_t size,
+                                 const float* threshold, const int64_t* seed, uint32_t num_slots,
+                                 unsigned long long* slots) {
+  const uint32_t threshold_key = ThresholdKey<Float32Format>(*threshold);
+  const SlotHash hash = SlotHash::FromSeed(static_cast<uint64_t>(*seed), num_slots);
+  auto visit = [&](int64_t i, uint32_t bits) {
+    if (IsSelected<Float32Format>(bits, threshold_key)) {
+      atomicMax(slots + hash(static_cast<uint32_t>(i)),
+                static_cast<unsigned long long>(SlotWord<Float32Format>(bits, i)));
+    }
+  };
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool aligned = (reinterpret_cast<uintptr_t>(grad) | reinterpret_cast<uintptr_t>(addend) |
+                        reinterpret_cast<uintptr_t>(sum)) % 16 == 0;
+  const int64_t num_vectors = aligned ? size / 4 : 0;
+  for (int64_t v = first; v < num_vectors; v += stride) {
+    const uint4 a = __ldg(reinterpret_cast<const uint4*>(grad) + v);
+    const uint4 b = __ldg(reinterpret_cast<const uint4*>(addend) + v);
+    const uint4 s = make_uint4(SumBits(a.x, b.x), SumBits(a.y, b.y), SumBits(a.z, b.z), SumBits(a.w, b.w));
+    reinterpret_cast<uint4*>(sum)[v] = s;
+    visit(4 * v, s.x);
+    visit(4 * v + 1, s.y);
+    visit(4 * v + 2, s.z);
+    visit(4 * v + 3, s.w);
+  }
+  for (int64_t i = num_vectors * 4 + first; i < size; i += stride) {
+    sum[i] = SumBits(grad[i], addend[i]);
+    visit(i, sum[i]);
+  }
+}
+
 template <class Format>
 __global__ void UnpackSlots(const unsigned long long* slots, int64_t num_slots, typename Format::Bits* values,
                             int32_t* indices) {
@@ -41,15 +75,25 @@ __global__ void UnpackSlots(const unsigned long long* slots, int64_t num_slots, 
 template <class Format>
 cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
                             const int64_t* seed, int64_t num_slots, typename Format::Bits* values, int32_t* indices,
-                            void* scratch, size_t* scratch_bytes, cudaStream_t stream) {
+                            void* scratch, size_t* scratch_bytes, cudaStream_t stream,
+                            const typename Format::Bits* addend, typename Format::Bits* sum) {
   if (size < 0 || size > kMaxElements || num_slots < 1 || num_slots > kMaxElements) return cudaErrorInvalidValue;
+  if (addend != nullptr && (sizeof(*addend) != sizeof(uint32_t) || sum == nullptr)) return cudaErrorInvalidValue;
   ScratchCarver carver(scratch);
   unsigned long long* slots = carver.Take<unsigned long long>(num_slots);
   TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes);
 
   TFCOMP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(slots, 0, num_slots * sizeof(*slots), stream));
-  HashIntoSlots<Format><<<PassBlocks<typename Format::Bits>(size), kThreads, 0, stream>>>(
-      grad, size, threshold, seed, static_cast<uint32_t>(num_slots), slots);
+  if constexpr (sizeof(typename Format::Bits) == sizeof(uint32_t)) {
+    if (addend != nullptr) {
+      HashSumIntoSlots<<<PassBlocks<uint32_t>(size), kThreads, 0, stream>>>(
+          grad, addend, sum, size, threshold, seed, static_cast<uint32_t>(num_slots), slots);
+    }
+  }
+  if (addend == nullptr) {
+    HashIntoSlots<Format><<<PassBlocks<typename Format::Bits>(size), kThreads, 0, stream>>>(
+        grad, size, threshold, seed, static_cast<uint32_t>(num_slots), slots);
+  }
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   UnpackSlots<Format><<<NumBlocks(num_slots, kThreads * 4), kThreads, 0, stream>>>(slots, num_slots, values, indices);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -58,7 +102,8 @@ cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, con
 
 #define TFCOMP_INSTANTIATE(Format)                                                                                  \
   template cudaError_t DragonnCompress<Format>(const Format::Bits*, int64_t, const float*, const int64_t*, int64_t, \
-                                               Format::Bits*, int32_t*, void*, size_t*, cudaStream_t);
+                                               Format::Bits*, int32_t*, void*, size_t*, cudaStream_t,           \
+                                               const Format::Bits*, Format::Bits*);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 

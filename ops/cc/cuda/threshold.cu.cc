@@ -92,11 +92,12 @@ __device__ __forceinline__ void PublishHistogram(const unsigned int* local, unsi
   }
 }
 
-// keys[i] = magnitude key of grad[SamplePosition(i, n, size, *seed)] (grad[i] when n == size), and
-// hist[0] = the histogram of the finite keys' first digits. hist: zeroed before the launch.
+// keys[i] = magnitude key of grad[SamplePosition(i, n, size, *seed)] (grad[i] when n == size; of
+// grad + addend there where addend is not null, float32 only), and hist[0] = the histogram of the
+// finite keys' first digits. hist: zeroed before the launch.
 template <class Format>
-__global__ void GatherSampleKeys(const typename Format::Bits* grad, int64_t size, int64_t n, const int64_t* seed,
-                                 typename Format::Bits* keys, unsigned int* hist) {
+__global__ void GatherSampleKeys(const typename Format::Bits* grad, const typename Format::Bits* addend, int64_t size,
+                                 int64_t n, const int64_t* seed, typename Format::Bits* keys, unsigned int* hist) {
   using Bits = typename Format::Bits;
   __shared__ unsigned int local[kBins];
   for (int b = threadIdx.x; b < kBins; b += blockDim.x) local[b] = 0;
@@ -110,7 +111,11 @@ __global__ void GatherSampleKeys(const typename Format::Bits* grad, int64_t size
     unsigned int digit = kNoDigit;
     if (i < n) {
       const int64_t position = n == size ? i : SamplePosition(i, n, size, sample_seed);
-      const Bits key = MagnitudeKey<Format>(grad[position]);
+      Bits bits = grad[position];
+      if constexpr (sizeof(Bits) == sizeof(uint32_t)) {
+        if (addend != nullptr) bits = SumBits(bits, addend[position]);
+      }
+      const Bits key = MagnitudeKey<Format>(bits);
       keys[i] = key;
       if (key < Format::kInfKey) digit = key >> DigitShift<Bits>(0);
     }
@@ -165,10 +170,11 @@ __global__ void WriteThreshold(const unsigned int* hist, int64_t k, float* thres
 template <class Format>
 cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, int64_t n, int64_t k,
                               const int64_t* seed, float* threshold, void* scratch, size_t* scratch_bytes,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const typename Format::Bits* addend) {
   using Bits = typename Format::Bits;
   constexpr int kRounds = NumRounds<Bits>();
   if (size < 1 || n < 1 || n > size || n > kMaxElements || k < 1) return cudaErrorInvalidValue;
+  if (addend != nullptr && sizeof(Bits) != sizeof(uint32_t)) return cudaErrorInvalidValue;
   ScratchCarver carver(scratch);
   Bits* keys = carver.Take<Bits>(n);
   unsigned int* hist = carver.Take<unsigned int>(kRounds * kBins);
@@ -176,7 +182,7 @@ cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, i
 
   const unsigned int blocks = NumBlocks(n, kThreads * 2);  // latency-bound: many blocks
   TFCOMP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(hist, 0, kRounds * kBins * sizeof(*hist), stream));
-  GatherSampleKeys<Format><<<blocks, kThreads, 0, stream>>>(grad, size, n, seed, keys, hist);
+  GatherSampleKeys<Format><<<blocks, kThreads, 0, stream>>>(grad, addend, size, n, seed, keys, hist);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   for (int round = 1; round < kRounds; ++round) {
     CountRound<Format><<<blocks, kThreads, 0, stream>>>(keys, n, k, round, hist);
@@ -189,7 +195,7 @@ cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, i
 
 #define TFCOMP_INSTANTIATE(Format)                                                                               \
   template cudaError_t EstimateThreshold<Format>(const Format::Bits*, int64_t, int64_t, int64_t, const int64_t*, \
-                                                 float*, void*, size_t*, cudaStream_t);
+                                                 float*, void*, size_t*, cudaStream_t, const Format::Bits*);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 

@@ -49,6 +49,25 @@ inline ::tensorflow::Status CheckThreshold(const ::tensorflow::Tensor& threshold
   return ::tensorflow::OkStatus();
 }
 
+// The optional addend of an op: a list of at most one tensor (`count` of them), with the shape of
+// `like` (the op argument `like_name`), float32 only. `addend` is null when the list is empty.
+inline ::tensorflow::Status CheckAddend(int count, const ::tensorflow::Tensor* addend, const ::tensorflow::Tensor& like,
+                                        const char* like_name) {
+  if (count > 1) {
+    return ::tensorflow::errors::InvalidArgument("addend must hold at most one tensor, got ", count);
+  }
+  if (addend == nullptr) return ::tensorflow::OkStatus();
+  if (addend->dtype() != ::tensorflow::DT_FLOAT || like.dtype() != ::tensorflow::DT_FLOAT) {
+    return ::tensorflow::errors::InvalidArgument("addend is supported for float32 only, got ",
+                                                 ::tensorflow::DataTypeString(like.dtype()), " ", like_name);
+  }
+  if (addend->shape() != like.shape()) {
+    return ::tensorflow::errors::InvalidArgument("addend must have the shape of ", like_name, ", ",
+                                                 like.shape().DebugString(), ", got ", addend->shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
 // Indices are int32: a gradient may hold at most 2^31 - 1 elements.
 inline ::tensorflow::Status CheckIndexable(const ::tensorflow::Tensor& grad) {
   if (grad.NumElements() > kMaxIndexable) {

@@ -1,5 +1,6 @@
 // Tfcomp>DragonnCompress (004 Algorithm 1): the OpKernel (every device) and its CPU launcher.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cc/kernels/checks.h"
@@ -19,8 +20,8 @@ constexpr int64_t kHashBlock = 1 << 16;
 
 template <typename T>
 struct DragonnCompressLauncher<CpuDevice, T> {
-  Status operator()(OpKernelContext* context, const Tensor& grad, const Tensor& threshold, const Tensor& seed,
-                    Tensor* values, Tensor* indices) const {
+  Status operator()(OpKernelContext* context, const Tensor& grad, const Tensor* addend, const Tensor& threshold,
+                    const Tensor& seed, Tensor* values, Tensor* indices, Tensor* sum) const {
     using Format = typename FormatOf<T>::type;
     const int64_t size = grad.NumElements();
     const int64_t num_slots = values->NumElements();
@@ -34,6 +35,13 @@ struct DragonnCompressLauncher<CpuDevice, T> {
     // slots and keeps the largest word hashed into each of its slots.
     const std::vector<std::vector<uint64_t>> word_lists = CollectInBlocks<uint64_t>(
         context, size, kHashBlock, [&](int64_t begin, int64_t end, std::vector<uint64_t>* words) {
+          if constexpr (std::is_same<T, float>::value) {  // CheckAddend: only float32 has one
+            if (addend != nullptr) {
+              DragonnCollectRangeSum(g, AsBits(addend->flat<float>().data()), MutableBits<float>(sum), begin, end,
+                                     threshold_key, words);
+              return;
+            }
+          }
           DragonnCollectRange<Format>(g, begin, end, threshold_key, words);
         });
     int64_t num_words = 0;
@@ -65,8 +73,9 @@ struct DragonnCompressLauncher<CpuDevice, T> {
 
 namespace {
 
-// grad: any shape, T; threshold: float32 scalar; seed: int64 scalar -> values [num_slots] T,
-// indices [num_slots] int32.
+// grad: any shape, T; threshold: float32 scalar; seed: int64 scalar; addend: zero or one tensor of
+// grad's shape (float32) -> values [num_slots] T, indices [num_slots] int32, sum: as many tensors as
+// addends, grad + addend.
 template <typename Device, typename T>
 class DragonnCompressOp : public ::tensorflow::OpKernel {
  public:
@@ -82,11 +91,19 @@ class DragonnCompressOp : public ::tensorflow::OpKernel {
     OP_REQUIRES_OK(context, CheckThreshold(threshold, kScalarsOnHost<Device>));
     OP_REQUIRES_OK(context, CheckScalar(seed, "seed"));
     OP_REQUIRES_OK(context, CheckIndexable(grad));
+    const Tensor* addend = nullptr;
+    OP_REQUIRES_OK(context, OptionalAddend(context, grad, "grad", &addend));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {num_slots_}, &values));
     OP_REQUIRES_OK(context, context->allocate_output(1, {num_slots_}, &indices));
-    OP_REQUIRES_OK(context, DragonnCompressLauncher<Device, T>()(context, grad, threshold, seed, values, indices));
+    Tensor* sum = nullptr;
+    if (addend != nullptr) {
+      ::tensorflow::OpOutputList sums;
+      OP_REQUIRES_OK(context, context->output_list("sum", &sums));
+      OP_REQUIRES_OK(context, sums.allocate(0, grad.shape(), &sum));
+    }
+    OP_REQUIRES_OK(context, DragonnCompressLauncher<Device, T>()(context, grad, addend, threshold, seed, values, indices, sum));
   }
 
  private:

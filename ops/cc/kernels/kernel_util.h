@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "ops/cc/kernels/checks.h"
 #include "ops/cc/lib/magnitude.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -67,6 +68,16 @@ std::vector<std::vector<Item>> CollectInBlocks(::tensorflow::OpKernelContext* co
     }
   });
   return lists;
+}
+
+// The op's optional `addend` input list (at most one tensor of `like`'s shape, float32; checked by
+// CheckAddend): *addend is null when the list is empty.
+inline ::tensorflow::Status OptionalAddend(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& like,
+                                           const char* like_name, const ::tensorflow::Tensor** addend) {
+  ::tensorflow::OpInputList list;
+  TF_RETURN_IF_ERROR(context->input_list("addend", &list));
+  *addend = list.size() == 1 ? &list[0] : nullptr;
+  return CheckAddend(list.size(), *addend, like, like_name);
 }
 
 // The number of threads ParallelForBlocks can use.

@@ -32,12 +32,14 @@ template <typename Device>
 constexpr bool kScalarsOnHost = std::is_same<Device, CpuDevice>::value;
 
 // estimate_threshold: threshold (float32 scalar) = the k-th largest finite |g| of the n samples of grad
-// drawn with seed (int64 scalar); 1 <= n <= grad's elements, k >= 1.
+// drawn with seed (int64 scalar); 1 <= n <= grad's elements, k >= 1. With an addend (not null: float32
+// of grad's shape), g is grad + addend, element by element, never stored.
 template <typename Device, typename T>
 struct EstimateThresholdLauncher;
 
 // dragonn_compress: values, indices [num_slots] = DRAGONN's slots of the elements of grad with
-// |g| >= threshold (float32 scalar), hashed by seed (int64 scalar).
+// |g| >= threshold (float32 scalar), hashed by seed (int64 scalar); with an addend (not null), of
+// g = grad + addend, written to *sum (float32 of grad's shape) in the same pass.
 template <typename Device, typename T>
 struct DragonnCompressLauncher;
 
@@ -64,15 +66,17 @@ struct ZeroAtLauncher;
 #if TFCOMP_CUDA
 template <typename T>
 struct EstimateThresholdLauncher<GpuDevice, T> {
-  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad, int64_t n,
-                                  int64_t k, const ::tensorflow::Tensor& seed, ::tensorflow::Tensor* threshold) const;
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad,
+                                  const ::tensorflow::Tensor* addend, int64_t n, int64_t k,
+                                  const ::tensorflow::Tensor& seed, ::tensorflow::Tensor* threshold) const;
 };
 
 template <typename T>
 struct DragonnCompressLauncher<GpuDevice, T> {
   ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad,
-                                  const ::tensorflow::Tensor& threshold, const ::tensorflow::Tensor& seed,
-                                  ::tensorflow::Tensor* values, ::tensorflow::Tensor* indices) const;
+                                  const ::tensorflow::Tensor* addend, const ::tensorflow::Tensor& threshold,
+                                  const ::tensorflow::Tensor& seed, ::tensorflow::Tensor* values,
+                                  ::tensorflow::Tensor* indices, ::tensorflow::Tensor* sum) const;
 };
 
 template <typename T>

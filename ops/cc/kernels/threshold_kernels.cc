@@ -1,5 +1,6 @@
 // Tfcomp>EstimateThreshold: the OpKernel (every device) and its CPU launcher.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cc/kernels/checks.h"
@@ -20,8 +21,8 @@ constexpr int64_t kPrefetchDistance = 32;
 
 template <typename T>
 struct EstimateThresholdLauncher<CpuDevice, T> {
-  Status operator()(OpKernelContext* context, const Tensor& grad, int64_t n, int64_t k, const Tensor& seed_tensor,
-                    Tensor* threshold) const {
+  Status operator()(OpKernelContext* context, const Tensor& grad, const Tensor* addend, int64_t n, int64_t k,
+                    const Tensor& seed_tensor, Tensor* threshold) const {
     using Format = typename FormatOf<T>::type;
     const int64_t size = grad.NumElements();
     const uint64_t seed = static_cast<uint64_t>(seed_tensor.scalar<int64_t>()());
@@ -38,6 +39,19 @@ struct EstimateThresholdLauncher<CpuDevice, T> {
         for (int64_t j = 0; j < count; ++j) {
           positions[j] = n == size ? begin + j : SamplePosition(begin + j, n, size, seed);
         }
+        if constexpr (std::is_same<T, float>::value) {  // CheckAddend: only float32 has one
+          if (addend != nullptr) {
+            const uint32_t* r = AsBits(addend->flat<float>().data());
+            for (int64_t j = 0; j < count; ++j) {
+              if (j + kPrefetchDistance < count) {
+                __builtin_prefetch(g + positions[j + kPrefetchDistance]);
+                __builtin_prefetch(r + positions[j + kPrefetchDistance]);
+              }
+              keys[begin + j] = MagnitudeKey<Format>(SumBits(g[positions[j]], r[positions[j]]));
+            }
+            continue;
+          }
+        }
         for (int64_t j = 0; j < count; ++j) {
           if (j + kPrefetchDistance < count) __builtin_prefetch(g + positions[j + kPrefetchDistance]);
           keys[begin + j] = MagnitudeKey<Format>(g[positions[j]]);
@@ -51,8 +65,8 @@ struct EstimateThresholdLauncher<CpuDevice, T> {
 
 namespace {
 
-// grad: any non-empty shape, T; ratio: float32 scalar in (0, 1] (host memory); seed: int64 scalar
-// -> threshold: float32 scalar.
+// grad: any non-empty shape, T; ratio: float32 scalar in (0, 1] (host memory); seed: int64 scalar;
+// addend: zero or one tensor of grad's shape (float32) -> threshold: float32 scalar.
 template <typename Device, typename T>
 class EstimateThresholdOp : public ::tensorflow::OpKernel {
  public:
@@ -65,10 +79,12 @@ class EstimateThresholdOp : public ::tensorflow::OpKernel {
     const Tensor& seed = context->input(2);
     float ratio = 0.0f;
     OP_REQUIRES_OK(context, CheckEstimateArgs(grad, context->input(1), seed, &ratio));
+    const Tensor* addend = nullptr;
+    OP_REQUIRES_OK(context, OptionalAddend(context, grad, "grad", &addend));
     const int64_t n = std::min<int64_t>(num_samples_, grad.NumElements());
     Tensor* threshold = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, {}, &threshold));
-    OP_REQUIRES_OK(context, EstimateThresholdLauncher<Device, T>()(context, grad, n, SampleRank(ratio, n), seed, threshold));
+    OP_REQUIRES_OK(context, EstimateThresholdLauncher<Device, T>()(context, grad, addend, n, SampleRank(ratio, n), seed, threshold));
   }
 
  private:

@@ -39,6 +39,10 @@ TFCOMP_HOST_DEVICE inline float BitsToFloat(uint32_t u) {
 #endif
 }
 
+// The float32 bits of a + b for float32 bits a and b: one rounding, as TensorFlow's add gives
+// (error feedback's gradient plus residual, added inside the kernels that read both).
+TFCOMP_HOST_DEVICE inline uint32_t SumBits(uint32_t a, uint32_t b) { return FloatToBits(BitsToFloat(a) + BitsToFloat(b)); }
+
 // Each format has, besides its masks:
 //   RoundUpKey(b): for the bits b of a positive float32 (+Inf included), the key of the smallest
 //                  value of the format that is >= it (Inf when there is none);

@@ -83,6 +83,46 @@ inline bool ForEachSelected(const typename Format::Bits* g, int64_t begin, int64
   return true;
 }
 
+// Writes block[j] and sum[j] = bits of g[j] + r[j] for j in [0, 16) and returns the mask of the
+// selected sums. (Non-temporal stores of sum were measured slower: the machine's L3 holds the sum
+// for the reads that follow.)
+inline uint32_t SumAndSelectedMask16(const uint32_t* g, const uint32_t* r, uint32_t* sum, uint32_t* block,
+                                     uint32_t threshold_key) {
+#if defined(__SSE2__)
+  for (int q = 0; q < 4; ++q) {
+    const __m128 a = _mm_loadu_ps(reinterpret_cast<const float*>(g + 4 * q));
+    const __m128 b = _mm_loadu_ps(reinterpret_cast<const float*>(r + 4 * q));
+    const __m128 s = _mm_add_ps(a, b);
+    _mm_storeu_ps(reinterpret_cast<float*>(block + 4 * q), s);
+    _mm_storeu_ps(reinterpret_cast<float*>(sum + 4 * q), s);
+  }
+#else
+  for (int j = 0; j < 16; ++j) sum[j] = block[j] = SumBits(g[j], r[j]);
+#endif
+  return SelectedMask16<Float32Format>(block, threshold_key);
+}
+
+// ForEachSelected over s = g + r (float32, element by element), which it writes to sum: visit(i,
+// bits of s[i]) for every selected i in [begin, end), in increasing order. Error feedback's
+// gradient plus residual thus costs one pass that reads both and writes the sum.
+template <class Visit>
+inline void ForEachSelectedSum(const uint32_t* g, const uint32_t* r, uint32_t* sum, int64_t begin, int64_t end,
+                               uint32_t threshold_key, Visit&& visit) {
+  uint32_t block[16];
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    for (uint32_t mask = SumAndSelectedMask16(g + i, r + i, sum + i, block, threshold_key); mask != 0;
+         mask &= mask - 1) {
+      const int j = __builtin_ctz(mask);
+      visit(i + j, block[j]);
+    }
+  }
+  for (; i < end; ++i) {
+    sum[i] = SumBits(g[i], r[i]);
+    if (IsSelected<Float32Format>(sum[i], threshold_key)) visit(i, sum[i]);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // estimate_threshold: stratified random sample (SamplePosition in hashing.h) + selection.
 
@@ -111,6 +151,13 @@ inline void DragonnCollectRange(const typename Format::Bits* g, int64_t begin, i
     out->push_back(SlotWord<Format>(g[i], i));
     return true;
   });
+}
+
+// DragonnCollectRange over float32 g + r, which it writes to sum[begin, end) in the same pass.
+inline void DragonnCollectRangeSum(const uint32_t* g, const uint32_t* r, uint32_t* sum, int64_t begin, int64_t end,
+                                   uint32_t threshold_key, std::vector<uint64_t>* out) {
+  ForEachSelectedSum(g, r, sum, begin, end, threshold_key,
+                     [&](int64_t i, uint32_t bits) { out->push_back(SlotWord<Float32Format>(bits, i)); });
 }
 
 // Hashes the collected words into the slots [slot_begin, slot_end) of `slots`, keeping the larger

@@ -37,8 +37,10 @@ REGISTER_OP("Tfcomp>EstimateThreshold")
     .Input("grad: T")
     .Input("ratio: float")
     .Input("seed: int64")
+    .Input("addend: N * T")
     .Output("threshold: float")
     .Attr("T: {float, half, bfloat16}")
+    .Attr("N: int >= 0 = 0")
     .Attr("num_samples: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(RequireRank(c, 1, "ratio", 0));
@@ -57,6 +59,8 @@ Non-finite samples are left out (the compressors always select NaN and Inf).
 grad: gradient of any non-empty shape, at most 2^31 - 1 elements.
 ratio: float32 scalar in (0, 1] (in host memory on GPU).
 seed: int64 scalar; the same seed gives the same sample.
+addend: at most one tensor of grad's shape, float32 only: the samples are then taken from
+  grad + addend (each sum rounded once, as TensorFlow's add gives), which is never stored.
 threshold: float32 scalar.
 )doc");
 
@@ -64,13 +68,17 @@ REGISTER_OP("Tfcomp>DragonnCompress")
     .Input("grad: T")
     .Input("threshold: float")
     .Input("seed: int64")
+    .Input("addend: N * T")
     .Output("values: T")
     .Output("indices: int32")
+    .Output("sum: N * T")
     .Attr("T: {float, half, bfloat16}")
+    .Attr("N: int >= 0 = 0")
     .Attr("num_slots: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(RequireRank(c, 1, "threshold", 0));
       TF_RETURN_IF_ERROR(RequireRank(c, 2, "seed", 0));
+      for (int i = 0; i < c->num_outputs() - 2; ++i) c->set_output(2 + i, c->input(0));
       return PairOfVectors(c, "num_slots");
     })
     .Doc(R"doc(
@@ -85,9 +93,13 @@ grad: gradient of any shape, at most 2^31 - 1 elements.
 threshold: float32 finite scalar (on GPU its value stays on the device and is not checked: NaN
   selects every element, +Inf only the non-finite ones).
 seed: int64 scalar selecting the hash function.
+addend: at most one tensor of grad's shape, float32 only: the op then sparsifies g = grad + addend
+  (each sum rounded once, as TensorFlow's add gives), computed in the same pass that selects
+  (error feedback's gradient plus residual, read once).
 num_slots: at most 2^31 - 1.
-values: [num_slots], grad's dtype: grad[indices], 0 where the index is -1.
+values: [num_slots], grad's dtype: g[indices], 0 where the index is -1.
 indices: [num_slots] int32 flat indices into grad, or -1.
+sum: with an addend, g (grad's shape); else empty.
 )doc");
 
 REGISTER_OP("Tfcomp>DgcCompress")
