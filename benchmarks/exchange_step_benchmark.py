@@ -16,12 +16,16 @@ no result is copied out):
   step       one exchange step of `tfcomp.step.StepGraph` with error feedback: residual added,
              encode, the flag of non-finite values, the collective, decode of the K payloads
              averaged, the finiteness check, the residual kept and its sent elements cleared
+             (DRAGONN adds the residual inside its encode's pass: `Compressor.fuses_residual`)
+  add-first  the same step with the residual added by a pass before the encode (as before the
+             fusion, and as the other compressors do)
   step noEF  the same without error feedback
 
-interleaved round by round (medians over --repeats after --warmup), and prints step / kernels and
-step / add.
+interleaved round by round, in an order shuffled every round (medians over --repeats after
+--warmup), and prints step / kernels and step / add.
 """
 
+import random
 import statistics
 import time
 
@@ -48,20 +52,24 @@ _COLUMNS = [
     ("add ms", 7, lambda r: f"{r['add']:.2f}"),
     ("kernels ms", 10, lambda r: f"{r['kernels']:.2f}"),
     ("step ms", 8, lambda r: f"{r['step']:.2f}"),
+    ("add-first ms", 12, lambda r: f"{r['step_adding_first']:.2f}"),
     ("noEF ms", 8, lambda r: f"{r['step_no_ef']:.2f}"),
     ("step/kernels", 12, lambda r: f"{r['step'] / r['kernels']:.2f}"),
     ("step/add", 8, lambda r: f"{r['step'] / r['add']:.2f}"),
 ]
 
 
-def _compressor(config: str, error_feedback: bool):
+def _compressor(config: str, error_feedback: bool, adding_first: bool = False):
     import tfcomp
 
     name, _, ratio = config.partition("_")
     classes = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC}
     if name not in classes or not ratio:
         raise ValueError(f"--compressors: {config!r} is not <dragonn|dgc>_<ratio>")
-    return classes[name](float(ratio), error_feedback=error_feedback)
+    compressor = classes[name](float(ratio), error_feedback=error_feedback)
+    if adding_first:
+        compressor.fuses_residual = False  # the exchange then adds gradient and residual first
+    return compressor
 
 
 def _step_function(compressor, grad, workers: int):
@@ -100,12 +108,15 @@ def _measure(config: str, grad) -> dict:
         "add": tf.function(lambda: (flat + 1.0)[0], autograph=False),
         "kernels": _kernels_function(_compressor(config, True), flat, FLAGS.workers),
         "step": _step_function(_compressor(config, True), grad, FLAGS.workers),
+        "step_adding_first": _step_function(_compressor(config, True, adding_first=True), grad, FLAGS.workers),
         "step_no_ef": _step_function(_compressor(config, False), grad, FLAGS.workers),
     }
-    arguments = {"step": (grad,), "step_no_ef": (grad,)}
+    arguments = {"step": (grad,), "step_adding_first": (grad,), "step_no_ef": (grad,)}
     times = {name: [] for name in runs}
+    order = list(runs.items())
     for round_ in range(FLAGS.warmup + FLAGS.repeats):
-        for name, run in runs.items():
+        random.Random(round_).shuffle(order)  # no configuration always runs after the same one
+        for name, run in order:
             start = time.perf_counter()
             run(*arguments.get(name, ())).numpy()
             if round_ >= FLAGS.warmup:
