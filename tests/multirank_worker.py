@@ -31,6 +31,7 @@ COMPRESSORS = {
     "EFSignSGD": lambda: tfcomp.EFSignSGD(planning="off", min_elements=256),
     "QSGD": lambda: tfcomp.QSGD(4, planning="off", min_elements=256),
     "QSGD+EF": lambda: tfcomp.QSGD(4, error_feedback=True, planning="off", min_elements=256),
+    "IntQuant": lambda: tfcomp.IntQuant(8, planning="off", min_elements=256),
     "FP16": tfcomp.FP16,
     "NoCompression": tfcomp.NoCompression,
     "DGC+momentum": lambda: tfcomp.DGC(0.05, momentum=0.9, planning="off", min_elements=256),
@@ -40,6 +41,7 @@ COMPRESSORS = {
     "DRAGONN AR-Topk STAR": lambda: tfcomp.DRAGONN(0.05, strategy="artopk"),
     "TopK AR-Topk VAR": lambda: tfcomp.TopK(0.05, strategy="artopk", artopk_owner="var"),
     "RandomK buckets": lambda: tfcomp.RandomK(0.05, strategy="allreduce"),
+    "IntQuant buckets": lambda: tfcomp.IntQuant(4, strategy="allreduce"),
     "DRAGONN auto plan": lambda: tfcomp.DRAGONN(0.05),
 }
 

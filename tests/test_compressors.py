@@ -514,7 +514,7 @@ class _OwnHorovodCompressor(hvd.compression.Compressor):
     """A user's own Horovod compressor: Horovod runs it, tfcomp's exchange does not."""
 
 
-PUBLIC_COMPRESSORS = [tfcomp.DRAGONN, tfcomp.DGC, tfcomp.TopK, tfcomp.RandomK, tfcomp.EFSignSGD, tfcomp.QSGD,
+PUBLIC_COMPRESSORS = [tfcomp.DRAGONN, tfcomp.DGC, tfcomp.TopK, tfcomp.RandomK, tfcomp.EFSignSGD, tfcomp.QSGD, tfcomp.IntQuant,
                       tfcomp.FP16, tfcomp.NoCompression]
 
 
@@ -670,3 +670,86 @@ def test_payload_shows_non_finite_holds_where_claimed(rng, name, bad):
         encoded = encode(compressor, g, draw_seed(rng), int(rng.integers(4)))
         floats = [w for w in numpy_wire(encoded) if np.issubdtype(w.dtype, np.floating)]
         assert not all(np.all(np.isfinite(w)) for w in floats), f"{name}, size {size}: a {bad} left no trace"
+
+
+# -- IntQuant: levels an integer allreduce sums ---------------------------------------------------------
+
+
+def intquant_reference(x: np.ndarray, scale: float, seed: int, worker: int, bits: int, num_workers: int):
+    """(int32 lanes, L) by NumPy: levels clip(floor(x / scale * L + u), -L, L) with the op's noise u,
+    32 / bits of them packed into each int32, level j times 2^(bits j)."""
+    levels = (2 ** (bits - 1) - 1) // num_workers
+    noise = tf.random.stateless_uniform([x.size], seed=tf.constant([seed, worker], tf.int64)).numpy()
+    scaled = (x / np.float32(scale)).astype(np.float32) if scale != 0 else np.zeros_like(x)
+    quantised = np.clip(np.floor(scaled * np.float32(levels) + noise), -levels, levels).astype(np.int64)
+    fields = 32 // bits
+    padded = np.pad(quantised, (0, -x.size % fields)).reshape(-1, fields)
+    lanes = np.sum(padded * (2 ** (bits * np.arange(fields, dtype=np.int64))), axis=1)
+    assert np.all(np.abs(lanes) < 2**31)
+    return lanes.astype(np.int32), quantised, levels
+
+
+@pytest.mark.parametrize("bits", [4, 8, 16])
+@pytest.mark.parametrize("size", [1, 7, 1029, 70_001])
+def test_intquant_payload_matches_the_reference(rng, bits, size):
+    compressor = tfcomp.IntQuant(bits)
+    num_workers = int(rng.integers(1, 2 ** (bits - 1) // 2 + 1)) if bits < 16 else 9
+    x = random_gradient(rng, (size,), np.float32)
+    scale = np.float32(np.max(np.abs(x)) * rng.uniform(1.0, 3.0))
+    seed, worker = draw_seed(rng), int(rng.integers(num_workers))
+    encoded = compressor.encode_scaled(tf.constant(x), tf.constant(scale), seed_tensor(seed), worker, num_workers)
+    lanes, _, levels = intquant_reference(x, scale, seed, worker, bits, num_workers)
+    np.testing.assert_array_equal(encoded.wire[0].numpy(), lanes)
+    assert encoded.context[1] == levels and compressor.payload_bytes(size) == encoded.wire[0].numpy().nbytes
+
+
+@pytest.mark.parametrize("bits, num_workers", [(4, 1), (4, 7), (8, 2), (8, 5), (16, 3)])
+def test_intquant_sum_of_all_workers_decodes_exactly(rng, bits, num_workers):
+    """K workers' lanes summed as int32 (the allreduce) unpack to the sum of their levels, also
+    where every level is at +-L (the largest sums a field can hold)."""
+    compressor = tfcomp.IntQuant(bits)
+    size = 1031
+    grads = [random_gradient(rng, (size,), np.float32) for _ in range(num_workers)]
+    grads[0][:40] = np.max([np.max(np.abs(g)) for g in grads]) * np.where(np.arange(40) % 2, 1, -1)
+    for g in grads[1:]:
+        g[:40] = grads[0][:40]
+    scale = np.float32(max(np.max(np.abs(g)) for g in grads))
+    seed = draw_seed(rng)
+    encodeds = [compressor.encode_scaled(tf.constant(g), tf.constant(scale), seed_tensor(seed), w, num_workers)
+                for w, g in enumerate(grads)]
+    summed = np.sum([e.wire[0].numpy().astype(np.int64) for e in encodeds], axis=0)
+    assert np.all(np.abs(summed) < 2**31)
+    levels_sum = np.sum([intquant_reference(g, scale, seed, w, bits, num_workers)[1] for w, g in enumerate(grads)], axis=0)
+    levels = compressor.levels(num_workers)
+    assert np.all(np.abs(levels_sum[:40]) == levels * num_workers)  # the extremes reached
+    for factor in (1.0, 1.0 / num_workers):
+        total = compressor.decode_sum((tf.constant(summed.astype(np.int32)),), encodeds[0].context, size,
+                                      num_workers, factor).numpy()
+        np.testing.assert_allclose(total, levels_sum * (scale * (factor / levels)), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_intquant_is_unbiased(rng, bits):
+    compressor = tfcomp.IntQuant(bits, error_feedback=False)
+    x = random_gradient(rng, (300,), np.float32)
+    scale = np.float32(np.max(np.abs(x)))
+    trials = 400
+    decoded = np.stack([compressor.decode_local(
+        compressor.encode_scaled(tf.constant(x), tf.constant(scale), seed_tensor(seed), 0, 3), 300).numpy()
+        for seed in range(trials)])
+    step = scale / compressor.levels(3)
+    assert np.all(np.abs(decoded - x) <= step * (1 + 1e-5))
+    # Each level is x / step rounded up or down at random: the mean's error has sd <= step / (2 sqrt(n)).
+    assert np.max(np.abs(decoded.mean(axis=0) - x)) <= 5 * step / (2 * math.sqrt(trials))
+
+
+def test_intquant_arguments():
+    assert tfcomp.IntQuant().bits == 8 and tfcomp.IntQuant().error_feedback is True
+    assert tfcomp.IntQuant().collective == "allreduce" and tfcomp.IntQuant().agrees_scale
+    for bad in (5, 32, 0, True, 8.0, "8"):
+        with pytest.raises(ValueError, match=r"bits must be 4, 8 or 16, got"):
+            tfcomp.IntQuant(bad)
+    with pytest.raises(ValueError, match=r"IntQuant\(bits=4\) sums at most 7 workers without overflow, got 8"):
+        tfcomp.IntQuant(4).levels(8)
+    assert tfcomp.IntQuant(8).payload_bytes(1001) == 1004  # a quarter of float32's 4004
+    assert tfcomp.IntQuant(4).payload_bytes(1001) == 4 * 126

@@ -32,6 +32,7 @@ COMPRESSORS = {
     "RandomK": lambda **kw: tfcomp.RandomK(RATIO, planning="off", min_elements=MIN_ELEMENTS, **kw),
     "EFSignSGD": lambda **kw: tfcomp.EFSignSGD(planning="off", min_elements=MIN_ELEMENTS, **kw),
     "QSGD": lambda **kw: tfcomp.QSGD(4, error_feedback=True, planning="off", min_elements=MIN_ELEMENTS, **kw),
+    "IntQuant": lambda **kw: tfcomp.IntQuant(4, planning="off", min_elements=MIN_ELEMENTS, **kw),
 }
 SPARSIFIERS = ("DRAGONN", "DRAGONN-sampled", "DGC", "TopK", "RandomK")
 
@@ -109,6 +110,11 @@ def assert_looks_compressed(compressor, reduced, accumulated):
     elif name == "EFSignSGD":
         np.testing.assert_allclose(np.abs(flat), np.mean(np.abs(acc)), rtol=1e-5)
         assert np.all((flat >= 0) == (acc >= 0))
+    elif name == "IntQuant":  # one worker: the scale is its own largest |x|
+        step = np.max(np.abs(acc)) / compressor.levels(1)
+        levels = flat / step
+        np.testing.assert_allclose(levels, np.round(levels), atol=1e-3)
+        assert np.all(np.abs(flat - acc) <= step * (1 + 1e-4))
     elif name == "QSGD":
         step = np.linalg.norm(acc) / (2**compressor.bits - 1)
         levels = flat / step

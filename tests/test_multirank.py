@@ -45,8 +45,8 @@ def values(reports, prefix):
 
 def test_weights_identical_on_all_ranks(reports):
     spreads = values(reports, "spread")
-    expected = {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "FP16", "NoCompression",
-                "DRAGONN buckets", "DRAGONN AR-Topk STAR", "TopK AR-Topk VAR", "RandomK buckets", "DRAGONN auto plan",
+    expected = {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "IntQuant", "FP16", "NoCompression",
+                "IntQuant buckets", "DRAGONN buckets", "DRAGONN AR-Topk STAR", "TopK AR-Topk VAR", "RandomK buckets", "DRAGONN auto plan",
                 "hvd.Compression.none", "hvd.Compression.fp16", "eager", "legacy_optimizer", "embedding",
                 "backward_passes_per_step=2", "DGC+momentum", "DRAGONN+warmup", "gradient_predivide_factor=2",
                 "op=Sum", "embedding sparse_as_dense"}
@@ -72,8 +72,9 @@ def test_reduced_gradient_is_the_average_of_what_workers_sent(reports):
     # Error feedback conserves mass: sent = gradient + old memory - new memory, and the reduced
     # gradient is the average of the workers' sent tensors (float32 summation order aside).
     worst = values(reports, "average_of_sent")
-    assert {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD+EF", "DGC+momentum", "DRAGONN buckets",
-            "DRAGONN AR-Topk STAR", "TopK AR-Topk VAR", "RandomK buckets"} <= set(worst)
+    assert {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD+EF", "IntQuant", "DGC+momentum",
+            "DRAGONN buckets", "DRAGONN AR-Topk STAR", "TopK AR-Topk VAR", "RandomK buckets",
+            "IntQuant buckets"} <= set(worst)
     assert {n: w for n, w in worst.items() if max(w) > (FP16_TOLERANCE if n == "FP16" else FLOAT_TOLERANCE)} == {}
 
 

@@ -24,7 +24,7 @@ from tfcomp.version import __version__
 # Public names that need TensorFlow and Horovod, and the modules that define them.
 _NAMES = {
     "Compressor": "compressors", "DGC": "compressors", "DRAGONN": "compressors", "EFSignSGD": "compressors",
-    "FP16": "compressors", "NoCompression": "compressors", "QSGD": "compressors", "RandomK": "compressors",
+    "FP16": "compressors", "IntQuant": "compressors", "NoCompression": "compressors", "QSGD": "compressors", "RandomK": "compressors",
     "TopK": "compressors", "DistributedOptimizer": "optimizer", "GradientExchange": "exchange",
     "exchange_of": "exchange",
 }

@@ -40,6 +40,7 @@ __all__ = [
     "EFSignSGD",
     "Encoded",
     "FP16",
+    "IntQuant",
     "NoCompression",
     "QSGD",
     "RandomK",
@@ -154,6 +155,9 @@ class Compressor:
       fuses_residual: (class) whether `encode_sum` adds the gradient and the residual in its
         kernels' own pass (read once, the sum written there), so that the exchange hands them over
         apart instead of adding them first.
+      agrees_scale: (class) whether the encode needs a scale agreed by all ranks: the exchange then
+        gathers every worker's `local_scale` of each such bucket (one allgather for all) and calls
+        `encode_scaled` with the largest.
 
     Integers may be Python or NumPy integers (not bools, not floats such as 4.0); numbers may be
     Python or NumPy reals, finite. Anything else is a ValueError naming the argument and its value.
@@ -163,6 +167,7 @@ class Compressor:
     dense_element_bytes = 4  # bytes per element when a bucket is sent dense
     payload_shows_non_finite = False
     fuses_residual = False
+    agrees_scale = False
 
     def __init__(self, *, error_feedback: bool, momentum=None, adam=None, warmup_steps: int = 0,
                  min_elements: int = DEFAULT_MIN_ELEMENTS, planning: str = "auto", strategy=None):
@@ -501,6 +506,97 @@ class QSGD(Compressor):
         return total
 
 
+class IntQuant(Compressor):
+    """Allreduce-compatible stochastic quantisation (THC, Li et al., NSDI 2024): integer levels that
+    Horovod's int32 allreduce sums directly, so the traffic does not grow with K as an allgather's.
+
+    Each element x becomes the integer level floor(x / s * L + u), u uniform in [0, 1), so that its
+    expectation is x / s * L (unbiased); s is the scale agreed by all ranks (the largest |x| of any
+    worker's tensor, by one allgather of one float32 per bucket), and L = floor((2^(bits-1) - 1) / K)
+    levels on each side, so that the sum of K workers' levels fits in `bits` signed bits.
+    32 / bits levels are packed into each int32 (level j times 2^(bits j)); the allreduce's sum of
+    those lanes is the packed sum of the levels, exact because no field's sum leaves its range, and
+    is unpacked after it. Payload: 4 * ceil(size / (32 / bits)) bytes (8 bits: a quarter of float32).
+
+    Args:
+      bits: 4, 8 or 16 bits per element on the wire. Default 8. A run needs K <= 2^(bits-1) - 1
+        workers (at least one level each side): 7 workers at 4 bits, 127 at 8.
+      error_feedback: default True (the residual keeps what rounding left out); False gives the
+        unbiased quantiser alone. momentum, adam, warmup_steps, planning, strategy, min_elements:
+        see `Compressor`.
+    """
+
+    collective = "allreduce"
+    agrees_scale = True
+
+    def __init__(self, bits=8, *, error_feedback=True, **kwargs):
+        if not isinstance(bits, numbers.Integral) or isinstance(bits, (bool, np.bool_)) or bits not in (4, 8, 16):
+            raise ValueError(f"bits must be 4, 8 or 16, got {bits!r}")
+        self.bits = int(bits)
+        super().__init__(error_feedback=error_feedback, **kwargs)
+
+    @property
+    def fields(self) -> int:
+        """Levels packed into one int32."""
+        return 32 // self.bits
+
+    def payload_bytes(self, size):
+        return 4 * -(-size // self.fields)
+
+    def levels(self, num_workers: int) -> int:
+        """L, the levels on each side of zero for K = num_workers: floor((2^(bits-1) - 1) / K)."""
+        levels = (2 ** (self.bits - 1) - 1) // num_workers
+        if levels < 1:
+            raise ValueError(f"IntQuant(bits={self.bits}) sums at most {2 ** (self.bits - 1) - 1} workers without "
+                             f"overflow, got {num_workers}: use more bits")
+        return levels
+
+    @staticmethod
+    def local_scale(flat: tf.Tensor) -> tf.Tensor:
+        """float32 scalar: this worker's largest |x| (the agreed scale is the largest over workers)."""
+        return tf.reduce_max(tf.abs(flat))
+
+    def encode(self, flat, seed, worker):
+        """`encode_scaled` with this worker's own scale, for one worker."""
+        return self.encode_scaled(flat, self.local_scale(flat), seed, worker, 1)
+
+    def encode_scaled(self, flat, scale, seed, worker: int, num_workers: int) -> Encoded:
+        """flat: float32 [size]; scale: float32 scalar >= max |flat| agreed by the K = num_workers
+        ranks. Wire: (int32 [ceil(size / fields)],); context: (scale, L)."""
+        size = int(flat.shape[0])
+        levels = self.levels(num_workers)
+        noise = tf.random.stateless_uniform([size], seed=tf.stack([seed, tf.cast(worker, tf.int64)]))
+        quantised = tf.floor(tf.math.divide_no_nan(flat, scale) * float(levels) + noise)
+        quantised = tf.cast(tf.clip_by_value(quantised, -float(levels), float(levels)), tf.int64)
+        fields = tf.reshape(tf.pad(quantised, [[0, -size % self.fields]]), [-1, self.fields])
+        weights = tf.constant([2 ** (self.bits * j) for j in range(self.fields)], tf.int64)
+        # |sum| < 2^31 (at most L (2^32 - 1) / (2^bits - 1)): the cast to int32 is exact.
+        lanes = tf.cast(tf.reduce_sum(fields * weights, axis=1), tf.int32)
+        return Encoded((lanes,), (scale, levels))
+
+    def _unpack(self, lanes, size: int) -> tf.Tensor:
+        """int64 [size]: the signed levels packed in int32 lanes (each field's value in
+        [-2^(bits-1), 2^(bits-1) - 1]), lowest field first."""
+        x = tf.cast(lanes, tf.int64)
+        half, mask = 2 ** (self.bits - 1), 2**self.bits - 1
+        fields = []
+        for _ in range(self.fields):
+            field = tf.bitwise.bitwise_and(x + half, mask) - half
+            fields.append(field)
+            x = tf.bitwise.right_shift(x - field, self.bits)
+        return tf.reshape(tf.stack(fields, axis=1), [-1])[:size]
+
+    def _dequantise(self, lanes, context, size: int, factor: float = 1.0) -> tf.Tensor:
+        scale, levels = context
+        return tf.cast(self._unpack(lanes, size), tf.float32) * (scale * (factor / levels))
+
+    def decode_local(self, encoded, size):
+        return self._dequantise(encoded.wire[0], encoded.context, size)
+
+    def decode_sum(self, wire, context, size, num_workers, scale=1.0):
+        return self._dequantise(wire[0], context, size, scale)
+
+
 class _DenseCompressor(Compressor):
     """Sent by Horovod's allreduce; no hyper-parameters."""
 
@@ -529,7 +625,7 @@ class NoCompression(_DenseCompressor):
         return 4 * size
 
 
-_PUBLIC = ("DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "FP16", "NoCompression")
+_PUBLIC = ("DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "IntQuant", "FP16", "NoCompression")
 _PUBLIC_LIST = ", ".join(f"tfcomp.{name}()" for name in _PUBLIC)
 _EXPECTED = ("compression must be a tfcomp compressor instance such as tfcomp.DRAGONN(), or Horovod's "
              "hvd.Compression.none / hvd.Compression.fp16")

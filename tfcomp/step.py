@@ -391,6 +391,7 @@ class StepGraph:
         worker = self.collectives.rank
         step = self.state.step
         payloads, updates = [], []
+        scales = self._agreed_scales(accumulated, buckets)
         for position, ((acc, moments), bucket) in enumerate(zip(accumulated, buckets)):
             seed = step * 65536 + position
             if bucket.strategy == "artopk":
@@ -398,6 +399,8 @@ class StepGraph:
             else:
                 if isinstance(acc, _Unsummed):
                     encoded, acc = compressor.encode_sum(acc.grad, acc.residual, seed, worker)
+                elif position in scales:
+                    encoded = compressor.encode_scaled(acc, scales[position], seed, worker, num_workers)
                 else:
                     encoded = compressor.encode(acc, seed, worker)
                 sent = None
@@ -438,6 +441,21 @@ class StepGraph:
             reduced.append(tf.cond(flagged, lambda size=size: tf.fill([size], float("nan")), lambda t=total: t))
             finite.append(tf.logical_and(tf.logical_not(flagged), _sum_stays_finite(wire[:-1], num_workers)))
         return reduced, updates, finite
+
+    def _agreed_scales(self, accumulated, buckets) -> dict:
+        """{bucket position: float32 scalar} for the allreduce buckets of a compressor that
+        `agrees_scale`: the largest of all workers' `local_scale`, by one allgather of one float32
+        per such bucket (non-finite where some worker's bucket is; its flag then voids the sum)."""
+        if not self.compressor.agrees_scale:
+            return {}
+        members = [n for n, b in enumerate(buckets) if b.strategy == "allreduce"]
+        if not members:
+            return {}
+        local = tf.stack([self.compressor.local_scale(accumulated[n][0]) for n in members])
+        self._count_sent(tensor_bytes(local))
+        gathered, = self.collectives.allgather([local])
+        agreed = tf.reduce_max(tf.reshape(gathered, [self.collectives.size, len(members)]), axis=0)
+        return {n: agreed[i] for i, n in enumerate(members)}
 
     def _artopk_payload(self, acc, seed, worker, num_workers):
         """AR-Topk (003 Algorithm 1): the owner's selected indices are broadcast, every worker sends
