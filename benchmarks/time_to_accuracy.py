@@ -7,7 +7,7 @@
 Needs root (benchmarks/cluster.py). On --hosts emulated hosts, one Horovod worker each, it trains
 each model of --models (examples/models.py) on Fashion-MNIST with every configuration of `RUNS`:
 
-  1 Gbit/s per host  dense, fp16, dragonn_0.01, dragonn_0.001, dgc_0.01, topk_0.01
+  1 Gbit/s per host  dense, fp16, dragonn_0.01, dragonn_0.001, dgc_0.01, topk_0.01, intquant_8
   10 Gbit/s          dense, dragonn_0.01
   unshaped           dense, dragonn_0.01
 

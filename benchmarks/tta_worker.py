@@ -17,7 +17,8 @@ seed 0 diverged in its first 50 steps); the ViT with Adam at 0.001 (SGD with mom
 steps of batch 128 where Adam reached 77 %).
 
 Configurations (`CONFIGS`): `dense` (stock Horovod allreduce) and `fp16` (Horovod's fp16
-compression); `dragonn_0.01`, `dragonn_0.001`, `dgc_0.01` and `topk_0.01`: the tfcomp compressor
+compression); `dragonn_0.01`, `dragonn_0.001`, `dgc_0.01`, `topk_0.01` and `intquant_8`
+(`tfcomp.IntQuant(8)`, levels summed by an int32 allreduce): the tfcomp compressor
 with the default plan (the cost model chooses per bucket whether and how to compress) and error
 feedback: for the CNN with DGC's momentum correction (the momentum 0.9 moves into the error
 feedback, the optimizer is plain SGD), for the ViT with Adam correction (each worker's Adam
@@ -56,7 +57,7 @@ MOMENTUM = 0.9
 # model -> (optimizer, learning rate, scaled by the workers)
 MODEL_OPTIMIZERS = {"cnn": ("sgd", 0.025, True), "vit": ("adam", 0.001, False)}
 _SPARSIFIERS = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC, "topk": tfcomp.TopK}
-CONFIGS = ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01")
+CONFIGS = ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01", "intquant_8")
 
 
 def make_compression(config: str, optimizer: str):
@@ -68,11 +69,14 @@ def make_compression(config: str, optimizer: str):
         return hvd.Compression.none, False
     if config == "fp16":
         return hvd.Compression.fp16, False
-    name, _, ratio = config.partition("_")
-    if name not in _SPARSIFIERS or not ratio:
-        raise ValueError(f"--config: {config!r} is not one of {', '.join(CONFIGS)} (or <sparsifier>_<ratio>)")
+    name, _, parameter = config.partition("_")
     correction = {"momentum": MOMENTUM} if optimizer == "sgd" else {"adam": True}
-    return _SPARSIFIERS[name](float(ratio), **correction), True
+    if name == "intquant" and parameter in ("4", "8", "16"):
+        return tfcomp.IntQuant(int(parameter), **correction), True
+    if name not in _SPARSIFIERS or not parameter:
+        raise ValueError(f"--config: {config!r} is not one of {', '.join(CONFIGS)} (or <sparsifier>_<ratio>, "
+                         "intquant_<bits>)")
+    return _SPARSIFIERS[name](float(parameter), **correction), True
 
 
 @tf.keras.utils.register_keras_serializable(package="tfcomp_benchmarks")  # Horovod rebuilds the optimizer from its config

@@ -1,4 +1,4 @@
-"""The time-to-accuracy benchmark's summary, from made-up runs (the runs themselves need root)."""
+"""The time-to-accuracy benchmark: its summary from made-up runs (runs need root), and its configurations."""
 
 import math
 
@@ -41,3 +41,19 @@ def test_summary_speedup_and_accuracy_against_dense(rng):
     assert by_config["dragonn_0.01"]["sent_fraction"] == pytest.approx(0.02)
     assert by_config["topk_0.01"]["time"] == math.inf and "not reached" in text
     assert text.count("| cnn |") == 3
+
+
+def test_every_configuration_makes_its_compression():
+    import horovod.tensorflow.keras as hvd
+
+    import tfcomp
+    from benchmarks.tta_worker import CONFIGS, make_compression
+
+    made = {config: make_compression(config, "sgd") for config in CONFIGS}
+    assert made["dense"] == (hvd.Compression.none, False) and made["fp16"] == (hvd.Compression.fp16, False)
+    assert made["intquant_8"] == (tfcomp.IntQuant(8, momentum=0.9), True)
+    assert made["dragonn_0.001"] == (tfcomp.DRAGONN(0.001, momentum=0.9), True)
+    assert make_compression("intquant_4", "adam") == (tfcomp.IntQuant(4, adam=True), True)
+    for bad in ("intquant_5", "dragonn", "qsgd_4"):
+        with pytest.raises(ValueError, match="--config"):
+            make_compression(bad, "sgd")
