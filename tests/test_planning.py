@@ -180,3 +180,17 @@ def test_plan_sends_dense_when_the_fixed_cost_outweighs_the_saving():
     assert planning.predicted_exchange_time(plan) == pytest.approx(planning.all_dense_time(plan))
     forced = planning.make_plan(tensors, tfcomp.DRAGONN(0.001, strategy="allgather"), costly)
     assert forced.compressed  # a forced strategy is kept whatever it costs
+
+
+def test_intquant_pays_the_allreduce_of_its_payload_and_the_scales_allgather():
+    model = cluster(workers=4)
+    compressor = tfcomp.IntQuant(8)
+    priced = cm.strategy_time("allreduce", 10**6, compressor, model)
+    payload = compressor.payload_bytes(10**6) + cm._NON_FINITE_COUNT_BYTES
+    expected = (cm.ring_allreduce(payload, 4, model.allreduce) + cm.ring_allgather(4, 4, model.allgather)
+                + cm.WIRE_TENSORS * model.per_tensor)
+    assert priced.communication == pytest.approx(expected)
+    assert cm.available_strategies(compressor) == ("dense", "allreduce")
+    # 1 byte per element against float32's 4: at 1 Gbit/s the plan quantises the big tensor.
+    plan = planning.make_plan(backprop([4096 * 2048, 10]), compressor, model)
+    assert any(b.strategy == "allreduce" and 0 in b.positions for b in plan.buckets)

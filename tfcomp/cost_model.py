@@ -388,14 +388,16 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     """Seconds to exchange a bucket of `tensors` tensors, `elements` float32 values, with `strategy`.
 
     dense: ring allreduce of the tensors (2 bytes per element for FP16). allgather: ring allgather
-    of the payload. allreduce: ring allreduce of the payload. artopk: broadcast of the owner's k
-    int32 indices plus a ring (or, with tree=True, tree) allreduce of k float32 values, plus an
-    allgather of one float per worker when the owner is the max-variance worker (VAR). Each tensor
-    in a collective adds cluster.per_tensor (a compressed bucket sends WIRE_TENSORS); each tensor
-    of a compressed bucket adds cluster.compression_per_tensor to its compression, and merging more
-    than one tensor costs cluster.merge_per_element per element (concatenate, split). A compressed
-    bucket `alone` in its exchange also pays cluster.compression_fixed, which an exchange pays once
-    however many compressed buckets it has (the plan's search prices buckets with alone=False).
+    of the payload. allreduce: ring allreduce of the payload (IntQuant: plus an allgather of one
+    float per worker, its agreed scale; the exchange gathers all buckets' at once). artopk:
+    broadcast of the owner's k int32 indices plus a ring (or, with tree=True, tree) allreduce of k
+    float32 values, plus an allgather of one float per worker when the owner is the max-variance
+    worker (VAR). Each tensor in a collective adds cluster.per_tensor (a compressed bucket sends
+    WIRE_TENSORS); each tensor of a compressed bucket adds cluster.compression_per_tensor to its
+    compression, and merging more than one tensor costs cluster.merge_per_element per element
+    (concatenate, split). A compressed bucket `alone` in its exchange also pays
+    cluster.compression_fixed, which an exchange pays once however many compressed buckets it has
+    (the plan's search prices buckets with alone=False).
     """
     k = cluster.workers
     if strategy == "dense":
@@ -415,7 +417,10 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     if strategy == "allgather":
         return StrategyTime(ring_allgather(payload, k, cluster.allgather) + bookkeeping, compression)
     if strategy == "allreduce":
-        return StrategyTime(ring_allreduce(payload, k, cluster.allreduce) + bookkeeping, compression)
+        communication = ring_allreduce(payload, k, cluster.allreduce)
+        if getattr(compressor, "agrees_scale", False):  # IntQuant: the scales' allgather, priced for each bucket (an upper bound)
+            communication += ring_allgather(4, k, cluster.allgather)
+        return StrategyTime(communication + bookkeeping, compression)
     selected = 4 * compressor.payload_length(elements)
     reduce = tree_allreduce if tree else ring_allreduce
     communication = broadcast(selected, k, cluster.allgather) + reduce(selected + _NON_FINITE_COUNT_BYTES, k, cluster.allreduce)
