@@ -55,7 +55,7 @@ __all__ = [
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("compressor", "dragonn",
-                  ["dragonn", "dgc", "topk", "randomk", "efsignsgd", "qsgd", "fp16", "none"],
+                  ["dragonn", "dgc", "topk", "randomk", "efsignsgd", "qsgd", "intquant", "fp16", "none"],
                   "Gradient compressor.")
 flags.DEFINE_float("ratio", 0.01, "Fraction of elements sent by the sparsifiers (dragonn, dgc, topk, randomk).")
 flags.DEFINE_integer("warmup_steps", 0, "Communicating steps sent dense before compression starts.")
@@ -157,6 +157,8 @@ def make_compression(name: str, ratio: float, warmup_steps: int, momentum, plann
         return _SPARSIFIERS[name](ratio, **kwargs)
     if name == "efsignsgd":
         return tfcomp.EFSignSGD(**kwargs)
+    if name == "intquant":
+        return tfcomp.IntQuant(8, **kwargs)
     # QSGD is unbiased and runs without error feedback unless momentum correction asks for it.
     return tfcomp.QSGD(error_feedback=momentum is not None, **kwargs)
 

@@ -44,7 +44,7 @@ from tfcomp import planning
 __all__ = ["main", "measure_step_times", "predict", "save_profile"]
 
 _COMPRESSORS = {"dragonn": "DRAGONN", "dgc": "DGC", "topk": "TopK", "randomk": "RandomK", "efsignsgd": "EFSignSGD",
-                "qsgd": "QSGD"}
+                "qsgd": "QSGD", "intquant": "IntQuant"}
 _SPARSIFIERS = ("dragonn", "dgc", "topk", "randomk")
 
 
