@@ -60,6 +60,10 @@ def test_training_moved_the_weights(reports):
 
 def test_both_entry_points_give_identical_weights(reports):
     differ = values(reports, "entry_points_differ")
+    # Where the two jobs' calibrations made different plans (the machine's load), there is nothing
+    # to compare; every configuration whose plan takes no calibration is compared.
+    assert {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD", "IntQuant", "FP16", "NoCompression",
+            "DGC+momentum", "DRAGONN+warmup"} <= set(differ)
     # Dense tensors go one allreduce each, as in Horovod, so with 3 workers Horovod's fusion (and the
     # summation order) can differ between runs; in fp16 that shows at the fp16 rounding level.
     tolerance = {n: FP16_RUN_TO_RUN_TOLERANCE if n == "FP16" else RUN_TO_RUN_TOLERANCE for n in differ}
