@@ -142,6 +142,46 @@ def accumulate(g: np.ndarray, r: np.ndarray) -> np.ndarray:
     return _flush_denormals(_flush_denormals(g.astype(np.float32)) + _flush_denormals(r.astype(np.float32)))
 
 
+def uniform24(seed: int, n: int) -> np.ndarray:
+    """float32 [n]: int_quantize's rounding noise u_i = (mix64(mix64(seed) + i) >> 40) / 2^24."""
+    with np.errstate(over="ignore"):
+        r = mix64(mix64(_U64(seed % 2**64)) + np.arange(n, dtype=_U64))
+    return ((r >> _U64(40)).astype(np.float32) * np.float32(1.0 / 16777216.0)).astype(np.float32)
+
+
+def int_quantize(g: np.ndarray, scale: float, seed: int, bits: int, levels: int) -> np.ndarray:
+    """int32 lanes: clamp(floor(g * (levels / scale) + u), -levels, levels) in float32 (denormals
+    flushed, as on TensorFlow's threads), 0 for non-finite values or a scale that is not positive
+    and finite, 32 / bits levels per int32, level j of a lane times 2^(bits j)."""
+    flat = _flush_denormals(np.asarray(g, np.float32).reshape(-1))
+    scale = np.float32(scale)
+    with np.errstate(all="ignore"):
+        per_level = _flush_denormals(np.float32(levels) / scale)
+        x = _flush_denormals(flat * per_level)
+        x = (x + uniform24(seed, flat.size)).astype(np.float32)
+        level = np.clip(np.floor(x), -levels, levels)
+    valid = bool(scale > 0 and np.isfinite(scale))
+    level = np.where(np.isfinite(x) & valid, level, 0).astype(np.int64)
+    fields = 32 // bits
+    packed = np.pad(level, (0, -flat.size % fields)).reshape(-1, fields)
+    lanes = np.sum(packed << (bits * np.arange(fields, dtype=np.int64)), axis=1)
+    assert np.all(np.abs(lanes) < 2**31)
+    return lanes.astype(np.int32)
+
+
+def int_dequantize(lanes: np.ndarray, step: float, bits: int, size: int) -> np.ndarray:
+    """float32 [size]: the signed bits-wide fields of each int32 lane, lowest first, times step."""
+    x = np.asarray(lanes, np.int32).astype(np.int64)
+    half, mask = 1 << (bits - 1), (1 << bits) - 1
+    fields = []
+    for _ in range(32 // bits):
+        field = ((x + half) & mask) - half
+        fields.append(field)
+        x = (x - field) >> bits
+    levels = np.stack(fields, axis=1).reshape(-1)[:size]
+    return _flush_denormals(levels.astype(np.float32) * np.float32(step))
+
+
 def sparse_batched_decode(values: np.ndarray, indices: np.ndarray, size: int) -> np.ndarray:
     """Dense sum of the pairs in pair order; index -1 skipped.
 

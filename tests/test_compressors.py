@@ -676,17 +676,11 @@ def test_payload_shows_non_finite_holds_where_claimed(rng, name, bad):
 
 
 def intquant_reference(x: np.ndarray, scale: float, seed: int, worker: int, bits: int, num_workers: int):
-    """(int32 lanes, L) by NumPy: levels clip(floor(x / scale * L + u), -L, L) with the op's noise u,
-    32 / bits of them packed into each int32, level j times 2^(bits j)."""
+    """(int32 lanes, levels of each element, L) by NumPy: int_quantize's reference with the noise
+    seed of `worker`."""
     levels = (2 ** (bits - 1) - 1) // num_workers
-    noise = tf.random.stateless_uniform([x.size], seed=tf.constant([seed, worker], tf.int64)).numpy()
-    scaled = (x / np.float32(scale)).astype(np.float32) if scale != 0 else np.zeros_like(x)
-    quantised = np.clip(np.floor(scaled * np.float32(levels) + noise), -levels, levels).astype(np.int64)
-    fields = 32 // bits
-    padded = np.pad(quantised, (0, -x.size % fields)).reshape(-1, fields)
-    lanes = np.sum(padded * (2 ** (bits * np.arange(fields, dtype=np.int64))), axis=1)
-    assert np.all(np.abs(lanes) < 2**31)
-    return lanes.astype(np.int32), quantised, levels
+    lanes = ref.int_quantize(x, scale, hash_seed(seed, worker), bits, levels)
+    return lanes, ref.int_dequantize(lanes, 1.0, bits, x.size).astype(np.int64), levels
 
 
 @pytest.mark.parametrize("bits", [4, 8, 16])

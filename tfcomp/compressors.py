@@ -562,33 +562,14 @@ class IntQuant(Compressor):
 
     def encode_scaled(self, flat, scale, seed, worker: int, num_workers: int) -> Encoded:
         """flat: float32 [size]; scale: float32 scalar >= max |flat| agreed by the K = num_workers
-        ranks. Wire: (int32 [ceil(size / fields)],); context: (scale, L)."""
-        size = int(flat.shape[0])
+        ranks. Wire: (int32 [ceil(size / fields)],) from `ops.int_quantize`, its rounding noise
+        drawn from seed * 1_000_003 + worker; context: (scale, L)."""
         levels = self.levels(num_workers)
-        noise = tf.random.stateless_uniform([size], seed=tf.stack([seed, tf.cast(worker, tf.int64)]))
-        quantised = tf.floor(tf.math.divide_no_nan(flat, scale) * float(levels) + noise)
-        quantised = tf.cast(tf.clip_by_value(quantised, -float(levels), float(levels)), tf.int64)
-        fields = tf.reshape(tf.pad(quantised, [[0, -size % self.fields]]), [-1, self.fields])
-        weights = tf.constant([2 ** (self.bits * j) for j in range(self.fields)], tf.int64)
-        # |sum| < 2^31 (at most L (2^32 - 1) / (2^bits - 1)): the cast to int32 is exact.
-        lanes = tf.cast(tf.reduce_sum(fields * weights, axis=1), tf.int32)
-        return Encoded((lanes,), (scale, levels))
-
-    def _unpack(self, lanes, size: int) -> tf.Tensor:
-        """int64 [size]: the signed levels packed in int32 lanes (each field's value in
-        [-2^(bits-1), 2^(bits-1) - 1]), lowest field first."""
-        x = tf.cast(lanes, tf.int64)
-        half, mask = 2 ** (self.bits - 1), 2**self.bits - 1
-        fields = []
-        for _ in range(self.fields):
-            field = tf.bitwise.bitwise_and(x + half, mask) - half
-            fields.append(field)
-            x = tf.bitwise.right_shift(x - field, self.bits)
-        return tf.reshape(tf.stack(fields, axis=1), [-1])[:size]
+        return Encoded((ops.int_quantize(flat, scale, seed * 1_000_003 + worker, self.bits, levels),), (scale, levels))
 
     def _dequantise(self, lanes, context, size: int, factor: float = 1.0) -> tf.Tensor:
         scale, levels = context
-        return tf.cast(self._unpack(lanes, size), tf.float32) * (scale * (factor / levels))
+        return ops.int_dequantize(lanes, scale * (factor / levels), self.bits, size)
 
     def decode_local(self, encoded, size):
         return self._dequantise(encoded.wire[0], encoded.context, size)

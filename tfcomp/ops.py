@@ -33,6 +33,8 @@ __all__ = [
     "dgc_compress",
     "dragonn_compress",
     "estimate_threshold",
+    "int_dequantize",
+    "int_quantize",
     "library_path",
     "load_library",
     "sparse_batched_decode",
@@ -338,6 +340,64 @@ def sparse_batched_decode(values, indices, size: int, name: str | None = None) -
     """
     size = _check_int("size", size, 0, MAX_LENGTH)
     return load_library().tfcomp_sparse_batched_decode(values, _indices(indices), size=size, name=name)
+
+
+def _check_bits(bits) -> int:
+    if not isinstance(bits, numbers.Integral) or isinstance(bits, (bool, np.bool_)) or bits not in (4, 8, 16):
+        raise ValueError(f"bits must be 4, 8 or 16, got {bits!r}")
+    return int(bits)
+
+
+def int_quantize(grad, scale, seed, bits: int, levels: int, name: str | None = None) -> tf.Tensor:
+    """IntQuant's encode: integer levels of `grad` that an integer allreduce sums (THC).
+
+    Element i becomes clamp(floor(grad[i] * (levels / scale) + u_i), -levels, levels), u_i uniform
+    in [0, 1) drawn from (seed, i), so that its expectation is grad[i] * levels / scale where
+    |grad[i]| <= scale (float32, one rounding per operation); a non-finite element, or a scale
+    that is not positive and finite, gives 0.
+    32 / bits levels are packed into each int32 (level j of a lane times 2^(bits j)), so that the
+    sum of K workers' lanes holds the sums of their levels while K * levels <= 2^(bits-1) - 1.
+
+    Args:
+      grad: float32 tensor of any shape with < 2^31 elements.
+      scale: float32 scalar, agreed by the workers (at least every |grad[i]|).
+      seed: int64 scalar.
+      bits: Python int, 4, 8 or 16.
+      levels: Python int in [1, 2^(bits-1) - 1].
+      name: optional op name.
+
+    Returns:
+      int32 [ceil(size / (32 / bits))].
+
+    Raises:
+      TypeError, ValueError: a Python-number argument of the wrong type or out of range.
+    """
+    bits = _check_bits(bits)
+    levels = _check_int("levels", levels, 1, 2 ** (bits - 1) - 1)
+    return load_library().tfcomp_int_quantize(grad, _to_float32(scale), tf.cast(_seed(seed), tf.int64), bits=bits,
+                                              levels=levels, name=name)
+
+
+def int_dequantize(lanes, step, bits: int, size: int, name: str | None = None) -> tf.Tensor:
+    """IntQuant's decode: the signed `bits`-bit fields of int32 lanes (from `int_quantize`, or a
+    sum of such lanes), lowest first, each times `step`.
+
+    Args:
+      lanes: int32 [ceil(size / (32 / bits))].
+      step: float32 scalar, the value of one level.
+      bits: Python int, 4, 8 or 16.
+      size: Python int in [0, 2^31 - 1], the elements to unpack.
+      name: optional op name.
+
+    Returns:
+      float32 [size].
+
+    Raises:
+      TypeError, ValueError: a Python-number argument of the wrong type or out of range.
+    """
+    bits = _check_bits(bits)
+    size = _check_int("size", size, 0, MAX_LENGTH)
+    return load_library().tfcomp_int_dequantize(lanes, _to_float32(step), bits=bits, size=size, name=name)
 
 
 def zero_at(variable: tf.Variable, indices, offset: int = 0, name: str | None = None) -> tf.Operation:

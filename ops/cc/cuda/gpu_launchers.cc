@@ -150,6 +150,24 @@ Status ZeroAtLauncher<GpuDevice>::operator()(OpKernelContext* context, const Ten
                                           indices.NumElements(), offset, stream));
 }
 
+Status IntQuantizeLauncher<GpuDevice>::operator()(OpKernelContext* context, const Tensor& grad, const Tensor& scale,
+                                                 const Tensor& seed, int bits, int32_t levels, Tensor* lanes) const {
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  return CudaStatus(context, cuda::IntQuantize(grad.flat<float>().data(), grad.NumElements(),
+                                               scale.scalar<float>().data(), seed.scalar<int64_t>().data(), bits,
+                                               levels, lanes->flat<int32_t>().data(), stream));
+}
+
+Status IntDequantizeLauncher<GpuDevice>::operator()(OpKernelContext* context, const Tensor& lanes, const Tensor& step,
+                                                   int bits, Tensor* dense) const {
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  return CudaStatus(context, cuda::IntDequantize(lanes.flat<int32_t>().data(), dense->NumElements(),
+                                                 step.scalar<float>().data(), bits, dense->flat<float>().data(),
+                                                 stream));
+}
+
 #define TFCOMP_INSTANTIATE(T)                                 \
   template struct EstimateThresholdLauncher<GpuDevice, T>;   \
   template struct DragonnCompressLauncher<GpuDevice, T>;     \

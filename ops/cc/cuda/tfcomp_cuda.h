@@ -77,6 +77,15 @@ cudaError_t SparseBatchedDecode(const typename Format::Bits* values, const int32
 // size; the other indices are skipped. Needs no scratch.
 cudaError_t ZeroAt(float* data, int64_t size, const int32_t* indices, int64_t n, int64_t offset, cudaStream_t stream);
 
+// int_quantize: lanes[ceil(size / (32 / bits))] = the levels of grad (ops/cc/lib/quantize.h), scale
+// and seed on the device; bits 4, 8 or 16, 1 <= levels <= 2^(bits-1) - 1. Needs no scratch.
+cudaError_t IntQuantize(const float* grad, int64_t size, const float* scale, const int64_t* seed, int bits,
+                        int32_t levels, int32_t* lanes, cudaStream_t stream);
+
+// int_dequantize: dense[size] = the signed fields of the lanes times *step (device). Needs no scratch.
+cudaError_t IntDequantize(const int32_t* lanes, int64_t size, const float* step, int bits, float* dense,
+                          cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace tfcomp
 

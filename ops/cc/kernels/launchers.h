@@ -63,6 +63,15 @@ struct SparseBatchedDecodeLauncher;
 template <typename Device>
 struct ZeroAtLauncher;
 
+// int_quantize: lanes (int32 [ceil(size / (32 / bits))]) = the packed levels of grad (float32) for
+// scale (float32 scalar) and seed (int64 scalar); bits and levels checked.
+template <typename Device>
+struct IntQuantizeLauncher;
+
+// int_dequantize: dense (float32 [size]) = the signed fields of lanes times step (float32 scalar).
+template <typename Device>
+struct IntDequantizeLauncher;
+
 #if TFCOMP_CUDA
 template <typename T>
 struct EstimateThresholdLauncher<GpuDevice, T> {
@@ -103,6 +112,19 @@ template <>
 struct ZeroAtLauncher<GpuDevice> {
   ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& indices,
                                   int64_t offset, const ::tensorflow::Tensor* source, ::tensorflow::Tensor* data) const;
+};
+
+template <>
+struct IntQuantizeLauncher<GpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad,
+                                  const ::tensorflow::Tensor& scale, const ::tensorflow::Tensor& seed, int bits,
+                                  int32_t levels, ::tensorflow::Tensor* lanes) const;
+};
+
+template <>
+struct IntDequantizeLauncher<GpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& lanes,
+                                  const ::tensorflow::Tensor& step, int bits, ::tensorflow::Tensor* dense) const;
 };
 #endif  // TFCOMP_CUDA
 

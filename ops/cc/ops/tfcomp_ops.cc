@@ -192,6 +192,68 @@ indices: [n] int32.
 offset: where the variable's elements start in the index space of `indices`.
 )doc");
 
+REGISTER_OP("Tfcomp>IntQuantize")
+    .Input("grad: float")
+    .Input("scale: float")
+    .Input("seed: int64")
+    .Output("lanes: int32")
+    .Attr("bits: int")
+    .Attr("levels: int")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RequireRank(c, 1, "scale", 0));
+      TF_RETURN_IF_ERROR(RequireRank(c, 2, "seed", 0));
+      int64_t bits;
+      TF_RETURN_IF_ERROR(c->GetAttr("bits", &bits));
+      const int64_t size = c->Value(c->NumElements(c->input(0)));
+      const int64_t fields = bits == 4 || bits == 8 || bits == 16 ? 32 / bits : 1;
+      c->set_output(0, c->Vector(size < 0 ? InferenceContext::kUnknownDim : (size + fields - 1) / fields));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+IntQuant's encode: integer levels of `grad` that an integer allreduce can sum (THC, NSDI 2024).
+
+Element i becomes clamp(floor(grad[i] * (levels / scale) + u_i), -levels, levels) with u_i uniform
+in [0, 1) from (seed, i) (24 bits of SplitMix64's finaliser of Mix64(seed) + i), so that its
+expectation is grad[i] * levels / scale when |grad[i]| <= scale; float32 arithmetic, one rounding
+per operation (levels / scale once). A non-finite element, or a scale that is not positive and
+finite, gives level 0. 32 / bits levels are packed into each int32,
+level j of a lane times 2^(bits j): the sum of K workers' lanes holds the sums of their levels as
+long as K * levels <= 2^(bits-1) - 1.
+
+grad: float32 of any shape, at most 2^31 - 1 elements.
+scale: float32 scalar, the scale agreed by the workers (at least every |grad[i]|).
+seed: int64 scalar; with the element's index it draws the rounding noise.
+bits: 4, 8 or 16.
+levels: levels on each side of zero, 1 to 2^(bits-1) - 1.
+lanes: int32 [ceil(size / (32 / bits))].
+)doc");
+
+REGISTER_OP("Tfcomp>IntDequantize")
+    .Input("lanes: int32")
+    .Input("step: float")
+    .Output("dense: float")
+    .Attr("bits: int")
+    .Attr("size: int >= 0")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RequireRank(c, 0, "lanes", 1));
+      TF_RETURN_IF_ERROR(RequireRank(c, 1, "step", 0));
+      int64_t size;
+      TF_RETURN_IF_ERROR(c->GetAttr("size", &size));
+      TF_RETURN_IF_ERROR(CheckLengthAttr("size", size));
+      c->set_output(0, c->Vector(size));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+IntQuant's decode: the signed `bits`-bit fields of int32 lanes (packed by int_quantize, or the
+sum of such lanes), lowest first, each times `step`.
+
+lanes: int32 [ceil(size / (32 / bits))].
+step: float32 scalar, the value of one level (scale / levels, times 1/K to average).
+bits: 4, 8 or 16.
+size: elements to unpack, at most 2^31 - 1.
+dense: float32 [size].
+)doc");
+
 }  // namespace tfcomp
 
 // What this library was built against, read from the file by tfcomp/ops.py before loading it, so
