@@ -27,6 +27,7 @@
 #include "ops/cc/cuda/device_util.cuh"
 #include "ops/cc/cuda/tfcomp_cuda.h"
 #include "ops/cc/lib/hashing.h"
+#include "ops/cc/lib/quantize.h"
 
 namespace tfcomp {
 namespace harness {
@@ -339,6 +340,64 @@ void CheckZeroAt(int64_t size, uint64_t seed) {
   Report(at, verdict);
 }
 
+// int_quantize and int_dequantize on a float32 tensor of `size` elements (NaN, Inf, denormals
+// included) at each width, K = 3 workers' levels, against the host running the same code
+// (ops/cc/lib/quantize.h).
+void CheckIntQuantize(int64_t size, uint64_t seed) {
+  const std::vector<uint32_t> bits_of = MakeGradient<Float32Format>(size, seed);
+  std::vector<float> grad(size);
+  std::memcpy(grad.data(), bits_of.data(), size * sizeof(float));
+  float scale = 0.0f;
+  for (float g : grad) {
+    if (std::isfinite(g)) scale = std::max(scale, std::fabs(g));
+  }
+  scale *= 0.75f;  // some elements clamp
+  const int64_t seed_value = static_cast<int64_t>(Mix64(seed));
+  const DeviceArray<float> d_grad(grad);
+  const DeviceArray<float> d_scale(std::vector<float>{scale});
+  const DeviceArray<int64_t> d_seed(std::vector<int64_t>{seed_value});
+  for (int bits : {4, 8, 16}) {
+    const std::string at = "float32 d=" + std::to_string(size) + ": int_quantize bits=" + std::to_string(bits);
+    const int32_t levels = ((1 << (bits - 1)) - 1) / 3;
+    const int64_t fields = 32 / bits, num_lanes = (size + fields - 1) / fields;
+    DeviceArray<int32_t> d_lanes(num_lanes);
+    d_lanes.Poison();
+    HARNESS_CUDA(cuda::IntQuantize(d_grad.get(), size, d_scale.get(), d_seed.get(), bits, levels, d_lanes.get(), 0));
+    const std::vector<int32_t> lanes = d_lanes.Download();
+    const float per_level = static_cast<float>(levels) / scale;
+    const uint64_t key = Mix64(static_cast<uint64_t>(seed_value));
+    Verdict packed;
+    for (int64_t lane = 0; lane < num_lanes; ++lane) {
+      const int32_t want = PackedLane(grad.data(), size, per_level, true, levels, bits, key, lane);
+      if (lanes[lane] != want && packed.mismatches++ == 0) {
+        packed.first = "lane " + std::to_string(lane) + ": expected " + std::to_string(want) + ", got " +
+                       std::to_string(lanes[lane]);
+      }
+    }
+    Report(at, packed);
+    const float step = scale / static_cast<float>(levels);
+    const DeviceArray<float> d_step(std::vector<float>{step});
+    DeviceArray<float> d_dense(size);
+    d_dense.Poison();
+    HARNESS_CUDA(cuda::IntDequantize(d_lanes.get(), size, d_step.get(), bits, d_dense.get(), 0));
+    const std::vector<float> dense = d_dense.Download();
+    std::vector<float> want(fields);
+    Verdict unpacked;
+    for (int64_t lane = 0; lane < num_lanes; ++lane) {
+      const int count = static_cast<int>(std::min(fields, size - lane * fields));
+      UnpackLane(lanes[lane], bits, count, step, want.data());
+      for (int j = 0; j < count; ++j) {
+        const int64_t i = lane * fields + j;
+        if (std::memcmp(&dense[i], &want[j], sizeof(float)) != 0 && unpacked.mismatches++ == 0) {
+          unpacked.first = "element " + std::to_string(i) + ": expected " + std::to_string(want[j]) + ", got " +
+                           std::to_string(dense[i]);
+        }
+      }
+    }
+    Report("float32 d=" + std::to_string(size) + ": int_dequantize bits=" + std::to_string(bits), unpacked);
+  }
+}
+
 int RunCheck(int max_log2) {
   const std::vector<int64_t> sizes = {1, 255, 4097, 65537, 1048579, 16777259};
   uint64_t seed = 20261122;
@@ -348,6 +407,7 @@ int RunCheck(int max_log2) {
     CheckSize<Float16Format>("float16", size, ++seed);
     CheckSize<BFloat16Format>("bfloat16", size, ++seed);
     CheckZeroAt(size, ++seed);
+    CheckIntQuantize(size, ++seed);
   }
   for (int64_t finite : {0, 3}) {
     CheckThresholdFewFinite<Float32Format>("float32", 1000, finite, ++seed);
@@ -359,6 +419,7 @@ int RunCheck(int max_log2) {
   CheckSize<Float16Format>("float16", largest, ++seed);
   CheckSize<BFloat16Format>("bfloat16", largest, ++seed);
   CheckZeroAt(largest, ++seed);
+  CheckIntQuantize(largest, ++seed);
   return failures;
 }
 
