@@ -35,7 +35,7 @@ flags.DEFINE_integer("hosts", 4, "Emulated hosts, one worker each.")
 flags.DEFINE_list("models", ["cnn", "vit"], "Models of examples/models.py.")
 flags.DEFINE_list("rates", ["1gbit", "none"], "Link rates per host ('none': unshaped).")
 flags.DEFINE_integer("runs", 5, "Fresh calibrations per model and rate.")
-flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_worker.py.")
+flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
 flags.DEFINE_bool("cached", False, "Share one calibration cache among the runs (compression costs measured by "
                   "a model's first run, reused by the others), instead of none.")
@@ -47,7 +47,7 @@ def _worker() -> None:
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
-    from benchmarks.tta_worker import MODEL_OPTIMIZERS, make_compression
+    from benchmarks.tta_configs import MODEL_OPTIMIZERS, make_compression
     from examples.models import build_model
     from tfcomp import calibration, planning
 

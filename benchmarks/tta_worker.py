@@ -16,15 +16,14 @@ steps (Goyal et al.'s gradual warm-up for linearly scaled rates; without it, pla
 seed 0 diverged in its first 50 steps); the ViT with Adam at 0.001 (SGD with momentum reached 43 % after 400
 steps of batch 128 where Adam reached 77 %).
 
-Configurations (`CONFIGS`): `dense` (stock Horovod allreduce) and `fp16` (Horovod's fp16
-compression); `intquant_8`: `tfcomp.IntQuant(8)` (levels summed by an int32 allreduce) with the
-default plan and plain error feedback, the optimizer unchanged; `dragonn_0.01`, `dragonn_0.001`,
-`dgc_0.01` and `topk_0.01`: the tfcomp compressor
-with the default plan (the cost model chooses per bucket whether and how to compress) and error
-feedback: for the CNN with DGC's momentum correction (the momentum 0.9 moves into the error
-feedback, the optimizer is plain SGD), for the ViT with Adam correction (each worker's Adam
-moments move into the exchange, which sends Adam's step direction with error feedback; the
-optimizer is plain SGD at Adam's rate). Rank 0 writes --json_out.
+Configurations (`benchmarks.tta_configs.CONFIGS`): `dense` (stock Horovod allreduce) and `fp16`
+(Horovod's fp16 compression); `intquant_8`: `tfcomp.IntQuant(8)` (levels summed by an int32
+allreduce) with the default plan and plain error feedback, the optimizer unchanged;
+`dragonn_0.01`, `dragonn_0.001`, `dgc_0.01` and `topk_0.01`: the tfcomp compressor with the
+default plan (the cost model chooses per bucket whether and how to compress) and error feedback:
+for the CNN with DGC's momentum correction (the momentum 0.9 moves into the error feedback, the
+optimizer is plain SGD), for the ViT with Adam correction (each worker's Adam moments move into
+the exchange, which sends Adam's step direction with error feedback; the optimizer is plain SGD at Adam's rate). Rank 0 writes --json_out.
 """
 
 import json
@@ -37,13 +36,14 @@ from absl import app, flags
 
 import tfcomp
 from examples import fashion_mnist
+from benchmarks.tta_configs import MODEL_OPTIMIZERS, MOMENTUM, make_compression
 from examples.models import build_model
 
-__all__ = ["CONFIGS", "LinearWarmup", "MODEL_OPTIMIZERS", "make_compression", "make_optimizer"]
+__all__ = ["LinearWarmup", "make_optimizer"]
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("model", "cnn", ["cnn", "vit"], "Model of examples/models.py.")
-flags.DEFINE_string("config", "dense", "One of CONFIGS.")
+flags.DEFINE_string("config", "dense", "One of benchmarks.tta_configs.CONFIGS.")
 flags.DEFINE_integer("seed", 0, "Seed of the initial weights and the shuffling.")
 flags.DEFINE_integer("steps", 400, "Training steps.")
 flags.DEFINE_integer("eval_every", 50, "Steps between evaluations.")
@@ -53,35 +53,6 @@ flags.DEFINE_integer("warmup_steps", 50, "Steps of linear learning-rate warm-up 
 flags.DEFINE_integer("test_examples", 4000, "Test images evaluated (shared out among the workers).")
 flags.DEFINE_integer("threads", 1, "TensorFlow intra-op and inter-op threads per worker.")
 flags.DEFINE_string("json_out", None, "Where rank 0 writes the run's record.")
-
-MOMENTUM = 0.9
-# model -> (optimizer, learning rate, scaled by the workers)
-MODEL_OPTIMIZERS = {"cnn": ("sgd", 0.025, True), "vit": ("adam", 0.001, False)}
-_SPARSIFIERS = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC, "topk": tfcomp.TopK}
-CONFIGS = ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01", "intquant_8")
-
-
-def make_compression(config: str, optimizer: str):
-    """(compression argument, whether the exchange corrects the optimizer) of a configuration
-    name for a model trained with `optimizer` ("sgd" or "adam"): the tfcomp sparsifiers with DGC's
-    momentum correction under SGD, with Adam correction under Adam (both: the optimizer's state
-    moves into the exchange, the inner optimizer is plain SGD)."""
-    if config == "dense":
-        return hvd.Compression.none, False
-    if config == "fp16":
-        return hvd.Compression.fp16, False
-    name, _, parameter = config.partition("_")
-    if name == "intquant" and parameter in ("4", "8", "16"):
-        # A quantiser sends (nearly) every element: DGC's momentum masking would clear the momentum
-        # wherever a level went, so the optimizer keeps its own state and the exchange plain error
-        # feedback (with momentum correction the CNN reached 83.95 % against dense's 87.15 %).
-        return tfcomp.IntQuant(int(parameter)), False
-    correction = {"momentum": MOMENTUM} if optimizer == "sgd" else {"adam": True}
-    if name not in _SPARSIFIERS or not parameter:
-        raise ValueError(f"--config: {config!r} is not one of {', '.join(CONFIGS)} (or <sparsifier>_<ratio>, "
-                         "intquant_<bits>)")
-    return _SPARSIFIERS[name](float(parameter), **correction), True
-
 
 @tf.keras.utils.register_keras_serializable(package="tfcomp_benchmarks")  # Horovod rebuilds the optimizer from its config
 class LinearWarmup(tf.keras.optimizers.schedules.LearningRateSchedule):

@@ -47,7 +47,7 @@ def test_every_configuration_makes_its_compression():
     import horovod.tensorflow.keras as hvd
 
     import tfcomp
-    from benchmarks.tta_worker import CONFIGS, make_compression
+    from benchmarks.tta_configs import CONFIGS, make_compression
 
     made = {config: make_compression(config, "sgd") for config in CONFIGS}
     assert made["dense"] == (hvd.Compression.none, False) and made["fp16"] == (hvd.Compression.fp16, False)
