@@ -23,7 +23,8 @@ allreduce) with the default plan and plain error feedback, the optimizer unchang
 default plan (the cost model chooses per bucket whether and how to compress) and error feedback:
 for the CNN with DGC's momentum correction (the momentum 0.9 moves into the error feedback, the
 optimizer is plain SGD), for the ViT with Adam correction (each worker's Adam moments move into
-the exchange, which sends Adam's step direction with error feedback; the optimizer is plain SGD at Adam's rate). Rank 0 writes --json_out.
+the exchange, which sends Adam's step direction with error feedback; the optimizer is plain SGD
+at Adam's rate). Rank 0 writes --json_out.
 """
 
 import json
