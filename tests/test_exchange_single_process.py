@@ -162,6 +162,29 @@ def test_error_feedback_conserves_mass(rng, name):
     assert all(m.shape.num_elements() == 0 for m in exchange.memory.momenta)
 
 
+@pytest.mark.parametrize("name", ["EFSignSGD", "QSGD", "IntQuant"])
+def test_quantisers_keep_the_momentum(rng, name):
+    """Momentum correction with a quantiser: u <- 0.9 u + g; v <- v + u; v less what was sent is
+    kept, and u is kept whole (no factor masking, which for a quantiser sending nearly every
+    element would clear it almost everywhere), so what the steps send adds up to momentum SGD's
+    updates."""
+    factor = 0.9
+    exchange = tfcomp.GradientExchange(COMPRESSORS[name](momentum=factor))
+    problem = Problem(rng)
+    u_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    v_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    for _ in range(4):
+        grads, slices = problem.grads()
+        reduced, _ = problem.call(exchange, grads, slices)
+        for n in COMPRESSED:
+            var = problem.vars[n]
+            u_new = np.float32(factor) * u_old[n] + grads[n]
+            v_new, u_stored = residual(exchange, var), momentum(exchange, var)
+            np.testing.assert_allclose(u_stored, u_new, rtol=1e-6, atol=1e-6)
+            assert_mass_conserved(name, reduced[n], v_new, v_old[n] + u_new)
+            u_old[n], v_old[n] = u_stored, v_new
+
+
 @pytest.mark.parametrize("name", ["DGC", "DRAGONN", "TopK", "RandomK"])
 def test_momentum_correction(rng, name):
     """DGC momentum correction: u <- 0.9 u + g; v <- v + u; send part of v; v and u are zeroed where
