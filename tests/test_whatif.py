@@ -189,7 +189,8 @@ def test_profile_with_measured_step_times(tmp_path):
     whatif.save_profile(model, str(path), batch=batch, loss=loss, steps=3)
     profile = json.loads(path.read_text())
     ready = [t["ready_ms"] for t in profile["tensors"]]
-    assert profile["forward_ms"] > 0 and all(t > 0 for t in ready)
+    # A gradient can be ready within the clock's microsecond of the forward pass's end: >= 0.
+    assert profile["forward_ms"] > 0 and all(t >= 0 for t in ready)
     assert ready[::-1] == sorted(ready) and profile["backward_ms"] == max(ready)
     out = json.loads(run("--profile", str(path), "--workers", "2", "--encode-ms", "1", "--json").stdout)
     assert out["inputs"]["forward_s"] == pytest.approx(profile["forward_ms"] / 1e3)
