@@ -25,15 +25,14 @@ interleaved round by round, in an order shuffled every round (medians over --rep
 --warmup), and prints step / kernels and step / add.
 """
 
-import random
-import statistics
-import time
+import functools
 
 import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
 from benchmarks.tables import machine_header, markdown_table, text_table
+from benchmarks.timing import shuffled_medians
 
 __all__ = []
 
@@ -111,17 +110,9 @@ def _measure(config: str, grad) -> dict:
         "step_adding_first": _step_function(_compressor(config, True, adding_first=True), grad, FLAGS.workers),
         "step_no_ef": _step_function(_compressor(config, False), grad, FLAGS.workers),
     }
-    arguments = {"step": (grad,), "step_adding_first": (grad,), "step_no_ef": (grad,)}
-    times = {name: [] for name in runs}
-    order = list(runs.items())
-    for round_ in range(FLAGS.warmup + FLAGS.repeats):
-        random.Random(round_).shuffle(order)  # no configuration always runs after the same one
-        for name, run in order:
-            start = time.perf_counter()
-            run(*arguments.get(name, ())).numpy()
-            if round_ >= FLAGS.warmup:
-                times[name].append(1e3 * (time.perf_counter() - start))
-    return {"name": config, **{name: statistics.median(values) for name, values in times.items()}}
+    for name in ("step", "step_adding_first", "step_no_ef"):
+        runs[name] = functools.partial(runs[name], grad)
+    return {"name": config, **shuffled_medians(runs, FLAGS.repeats, FLAGS.warmup)}
 
 
 def main(argv):

@@ -17,15 +17,12 @@ interleaved round by round in an order shuffled every round (medians over --repe
 --warmup). A single `add` pass (g + 1) is timed beside them as the yardstick.
 """
 
-import random
-import statistics
-import time
-
 import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
 from benchmarks.tables import machine_header, markdown_table, text_table
+from benchmarks.timing import shuffled_medians
 
 __all__ = []
 
@@ -87,18 +84,10 @@ def main(argv):
     runs = {"add": tf.function(lambda: (flat + 1.0)[0], autograph=False)}
     for name, (encode, decode, _) in quantisers.items():
         runs[(name, "encode")], runs[(name, "decode")] = encode, decode
-    times = {key: [] for key in runs}
-    order = list(runs.items())
-    for round_ in range(FLAGS.warmup + FLAGS.repeats):
-        random.Random(round_).shuffle(order)
-        for key, run in order:
-            start = time.perf_counter()
-            run().numpy()
-            if round_ >= FLAGS.warmup:
-                times[key].append(1e3 * (time.perf_counter() - start))
-    add = statistics.median(times["add"])
-    rows = [{"name": name, "encode": statistics.median(times[(name, "encode")]),
-             "decode": statistics.median(times[(name, "decode")]), "add": add, "bytes": wire}
+    medians = shuffled_medians(runs, FLAGS.repeats, FLAGS.warmup)
+    add = medians["add"]
+    rows = [{"name": name, "encode": medians[(name, "encode")], "decode": medians[(name, "decode")], "add": add,
+             "bytes": wire}
             for name, (_, _, wire) in quantisers.items()]
     header = (f"{machine_header()}; one inter-op thread; {FLAGS.elements} float32 elements, K = {FLAGS.workers}; "
               f"median ms of {FLAGS.repeats} interleaved rounds; add pass {add:.2f} ms")

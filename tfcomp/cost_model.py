@@ -418,7 +418,8 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
         return StrategyTime(ring_allgather(payload, k, cluster.allgather) + bookkeeping, compression)
     if strategy == "allreduce":
         communication = ring_allreduce(payload, k, cluster.allreduce)
-        if getattr(compressor, "agrees_scale", False):  # IntQuant: the scales' allgather, priced for each bucket (an upper bound)
+        if getattr(compressor, "agrees_scale", False):
+            # IntQuant: the scales' allgather, priced for each bucket (an upper bound: one per step)
             communication += ring_allgather(4, k, cluster.allgather)
         return StrategyTime(communication + bookkeeping, compression)
     selected = 4 * compressor.payload_length(elements)

@@ -291,24 +291,19 @@ class StepGraph:
         """(flat float32 gradients plus memory of the bucket's tensors, concatenated, or an
         `_Unsummed` gradient and residual where the compressor's kernels add them; their new
         optimizer moments, each concatenated, or None)."""
-        compressor = self.compressor
-        if (compressor.fuses_residual and compressor.error_feedback and compressor.optimizer_state == 0
-                and len(bucket.positions) == 1 and bucket.strategy not in ("artopk", "dense")):
-            i, = bucket.positions
-            flat = tf.reshape(tf.cast(grads[i], tf.float32), [-1])
-            residual = self.state.memory.residual(sources[i], int(flat.shape[0]), 0)
-            return _Unsummed(flat, residual.value()), None
-        parts = [self._accumulate(grads[i], sources[i]) for i in bucket.positions]
+        apart = (self.compressor.fuses_residual and len(bucket.positions) == 1
+                 and bucket.strategy not in ("artopk", "dense"))
+        parts = [self._accumulate(grads[i], sources[i], apart) for i in bucket.positions]
         accumulated = _concat([acc for acc, _ in parts])
         moments = None if parts[0][1] is None else tuple(_concat(list(m)) for m in zip(*[m for _, m in parts]))
         return accumulated, moments
 
-    def _accumulate(self, grad, source):
+    def _accumulate(self, grad, source, apart: bool = False):
         """(flat float32 gradient plus memory of one tensor, its new optimizer moments or None):
-        g + r; under DGC momentum correction r + u with u = mu u + g, moments (u,); under Adam
-        correction r + d with d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g and
-        v = b2 v + (1 - b2) g^2, bias-corrected for the step t = communicating steps so far + 1,
-        moments (m, v)."""
+        g + r (with `apart`, `_Unsummed(g, r)` for the compressor's kernels to add); under DGC
+        momentum correction r + u with u = mu u + g, moments (u,); under Adam correction r + d with
+        d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g and v = b2 v + (1 - b2) g^2,
+        bias-corrected for the step t = communicating steps so far + 1, moments (m, v)."""
         compressor = self.compressor
         flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
         if not compressor.error_feedback:
@@ -324,7 +319,7 @@ class StepGraph:
             direction = (m / (1.0 - tf.pow(beta_1, t))) / (tf.sqrt(v / (1.0 - tf.pow(beta_2, t))) + epsilon)
             return residual + direction, (m, v)
         if compressor.momentum is None:
-            return flat + residual, None
+            return (_Unsummed(flat, residual.value()) if apart else flat + residual), None
         momentum = compressor.momentum * memory.momentum(source, size) + flat
         return residual + momentum, (momentum,)
 

@@ -27,6 +27,8 @@ struct EstimateThresholdLauncher<CpuDevice, T> {
     const int64_t size = grad.NumElements();
     const uint64_t seed = static_cast<uint64_t>(seed_tensor.scalar<int64_t>()());
     const BitsOf<T>* g = AsBits(grad.flat<T>().data());
+    // CheckAddend: only float32 has an addend.
+    const uint32_t* r = addend == nullptr ? nullptr : AsBits(addend->flat<float>().data());
 
     // Sample positions are computed a block ahead of the loads, and the loads prefetched, so that the
     // cache and TLB misses of many samples overlap.
@@ -39,22 +41,16 @@ struct EstimateThresholdLauncher<CpuDevice, T> {
         for (int64_t j = 0; j < count; ++j) {
           positions[j] = n == size ? begin + j : SamplePosition(begin + j, n, size, seed);
         }
-        if constexpr (std::is_same<T, float>::value) {  // CheckAddend: only float32 has one
-          if (addend != nullptr) {
-            const uint32_t* r = AsBits(addend->flat<float>().data());
-            for (int64_t j = 0; j < count; ++j) {
-              if (j + kPrefetchDistance < count) {
-                __builtin_prefetch(g + positions[j + kPrefetchDistance]);
-                __builtin_prefetch(r + positions[j + kPrefetchDistance]);
-              }
-              keys[begin + j] = MagnitudeKey<Format>(SumBits(g[positions[j]], r[positions[j]]));
-            }
-            continue;
-          }
-        }
         for (int64_t j = 0; j < count; ++j) {
-          if (j + kPrefetchDistance < count) __builtin_prefetch(g + positions[j + kPrefetchDistance]);
-          keys[begin + j] = MagnitudeKey<Format>(g[positions[j]]);
+          if (j + kPrefetchDistance < count) {
+            __builtin_prefetch(g + positions[j + kPrefetchDistance]);
+            if (r != nullptr) __builtin_prefetch(r + positions[j + kPrefetchDistance]);
+          }
+          BitsOf<T> bits = g[positions[j]];
+          if constexpr (std::is_same<T, float>::value) {
+            if (r != nullptr) bits = SumBits(bits, r[positions[j]]);
+          }
+          keys[begin + j] = MagnitudeKey<Format>(bits);
         }
       }
     });
