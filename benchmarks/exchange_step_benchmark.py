@@ -84,8 +84,8 @@ def _step_function(compressor, grad, workers: int):
     plan = Plan((Bucket((0,), size, "allgather", StrategyTime(0.0, 0.0), 0.0),), {0: "gradient"}, compressor,
                 ClusterModel.unpriced(workers))
     step = StepGraph(compressor, ExchangeState(), LocalCollectives(workers))
-    step.create_state(plan, [grad], [variable])
-    return tf.function(lambda g: step(plan, [g], [variable])[0][0, 0], autograph=False)
+    runtime = step.create_state(plan, [grad], [variable])
+    return tf.function(lambda g: step(plan, [g], [variable], runtime)[0][0, 0], autograph=False)
 
 
 def _kernels_function(compressor, flat, workers: int):

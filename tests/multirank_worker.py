@@ -43,6 +43,8 @@ COMPRESSORS = {
     "RandomK buckets": lambda: tfcomp.RandomK(0.05, strategy="allreduce"),
     "IntQuant buckets": lambda: tfcomp.IntQuant(4, strategy="allreduce"),
     "DRAGONN auto plan": lambda: tfcomp.DRAGONN(0.05),
+    # Tried in training (where the plan compresses): 2 steps with it, 2 dense, the choice at the 5th of 8.
+    "DRAGONN auto plan, tried": lambda: tfcomp.DRAGONN(0.05, trial_steps=1),
 }
 
 
@@ -91,10 +93,12 @@ def check_training(report):
         model_h, opt_h = fit(make(), entry="horovod")
         model_t, opt_t = fit(make(), entry="tfcomp")
         report[f"spread/{name}"] = weights_spread(model_h)
-        plans = [tfcomp.exchange_of(opt).plan for opt in (opt_h, opt_t)]
-        # A calibrated plan depends on the timings each job measured (the load of the machine):
-        # the entry points can agree only where their two jobs made one plan.
-        if plans[0].digest() == plans[1].digest():
+        exchanges = [tfcomp.exchange_of(opt) for opt in (opt_h, opt_t)]
+        choices = [None if e.trial is None else e.trial.read()["compressed"] for e in exchanges]
+        # A calibrated plan, and a trial's choice, depend on the timings each job measured (the
+        # load of the machine): the entry points can agree only where their two jobs made one plan
+        # and kept or dropped it alike.
+        if exchanges[0].plan.digest() == exchanges[1].plan.digest() and choices[0] == choices[1]:
             report[f"entry_points_differ/{name}"] = max(
                 float(np.max(np.abs(a - b))) for a, b in zip(model_h.get_weights(), model_t.get_weights())
             )
@@ -176,6 +180,56 @@ def check_exchange_semantics(report):
                               ("DRAGONN ratio 1", tfcomp.DRAGONN(1.0, slots_per_element=256.0, planning="off", min_elements=1))):
         reduced = tfcomp.GradientExchange(compressor)(grads, variables)
         report[f"equals_horovod/{label}"] = max(float(np.max(np.abs(r.numpy() - p))) for r, p in zip(reduced, plain))
+
+
+def check_trial(report):
+    """A plan tried in training, on a clock each rank advances by its own step times: rank 0 finds
+    the plan faster (0.2 s a step against 0.3 s dense), the others slower (0.4 s); the medians
+    averaged over the ranks decide, alike on every rank (dense here). The residuals the plan's
+    steps left are sent with the first dense step, so what the exchange returned over all steps
+    adds up to the average of all gradients."""
+    from tfcomp.collectives import HorovodCollectives
+    from tfcomp.cost_model import ClusterModel, StrategyTime
+    from tfcomp.memory import ExchangeState
+    from tfcomp.planning import Bucket, Plan
+    from tfcomp.step import StepGraph
+    from tfcomp.trial import PlanTrial
+
+    rng = np.random.default_rng(300 + hvd.rank())
+    sizes = [2000, 300]
+    compressor = tfcomp.DRAGONN(0.05)
+    plan = Plan((Bucket((0,), sizes[0], "allgather", StrategyTime(0.0, 0.0), 0.0),
+                 Bucket((1,), sizes[1], "dense", StrategyTime(0.0, 0.0), 0.0)),
+                {0: "compressed", 1: "dense"}, compressor, ClusterModel.unpriced(hvd.size()))
+    collectives = HorovodCollectives(hvd_tf.global_process_set)
+    state = ExchangeState(hvd.rank(), hvd.size())
+    step = StepGraph(compressor, state, collectives)
+    variables = [tf.Variable(tf.zeros([n])) for n in sizes]
+    runtime = step.create_state(plan, [tf.zeros([n]) for n in sizes], variables)
+    clock = tf.Variable(0.0, dtype=tf.float64)
+    runtime.trial = PlanTrial(2, clock=clock.read_value)
+    function = tf.function(lambda gs: step(plan, gs, variables, runtime), autograph=False)
+    seconds = {True: 0.2 if hvd.rank() == 0 else 0.4, False: 0.3}
+    sent_total = [np.zeros(n) for n in sizes]
+    reduced_total = [np.zeros(n) for n in sizes]
+    dense_spread = 0.0
+    for call in range(9):
+        grads = [tf.constant(rng.standard_normal(n).astype(np.float32)) for n in sizes]
+        reduced = function(grads)
+        compressed = call <= 2 or (call >= 6 and runtime.trial.read()["compressed"])
+        if call >= 4:  # after the trial's first dense step, which also sent the residuals: plain averages
+            plain = [hvd.allreduce(g, op=hvd.Average).numpy() for g in grads]
+            dense_spread = max(dense_spread, *(float(np.max(np.abs(r.numpy() - p))) for r, p in zip(reduced, plain)))
+        for i in range(2):
+            sent_total[i] += grads[i].numpy()
+            reduced_total[i] += reduced[i].numpy()
+        clock.assign_add(seconds[compressed])
+    expected = [hvd.allreduce(tf.constant(t), op=hvd.Average).numpy() for t in sent_total]
+    report["trial/conserved"] = max(float(np.max(np.abs(r - e))) for r, e in zip(reduced_total, expected))
+    report["trial/dense_after_choice"] = dense_spread
+    report["trial/residual_left"] = float(np.max(np.abs(state.memory.residuals[0].numpy())))
+    report["trial/result"] = runtime.trial.read()
+    report["trial/flush_dense_pending"] = bool(runtime.flush["dense"].numpy())
 
 
 def train_steps(model, opt, batches):
@@ -368,8 +422,8 @@ def main():
     args = parser.parse_args()
     hvd.init()
     report = {"size": hvd.size(), "rank": hvd.rank()}
-    for check in (check_exchange_semantics, check_training, check_embedding, check_checkpoint, check_loss_scale_skip,
-                  check_planning):
+    for check in (check_exchange_semantics, check_training, check_trial, check_embedding, check_checkpoint,
+                  check_loss_scale_skip, check_planning):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

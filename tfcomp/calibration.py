@@ -56,7 +56,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfcomp.collectives import HorovodCollectives, LocalCollectives
-from tfcomp.compressors import DEFAULT_MIN_ELEMENTS
+from tfcomp.compressors import DEFAULT_MIN_ELEMENTS, DEFAULT_TRIAL_STEPS
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 from tfcomp.memory import ExchangeState
 from tfcomp.planning import Bucket, Plan, make_plan, predicted_exchange_time
@@ -246,12 +246,13 @@ def _measure_networks(process_set, elements: int) -> ClusterModel:
 def cost_settings(compressor):
     """`compressor` less the settings that do not change what compressing costs: a copy with no
     warm-up (whose dense steps the probes would otherwise time instead of compression), the
-    default planning, strategy and min_elements (which choose buckets, not their cost) and, for
+    default planning, strategy, min_elements and trial (which choose buckets, not their cost) and, for
     AR-Topk, the round-robin owner (the probes use the compressor's own collective). What the
     probes run and what the cache is keyed by, so that changing those settings measures nothing
     again."""
     probe = copy.copy(compressor)
     probe.warmup_steps, probe.planning, probe.strategy, probe.min_elements = 0, "auto", None, DEFAULT_MIN_ELEMENTS
+    probe.trial_steps = DEFAULT_TRIAL_STEPS
     if hasattr(probe, "artopk_owner"):
         probe.artopk_owner = "star"
     return probe
@@ -271,9 +272,9 @@ def _exchange_probe(compressor, network: ClusterModel, collectives, buckets) -> 
     step = StepGraph(compressor, ExchangeState(), collectives)
     variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
     gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]
-    step.create_state(plan, gradients, variables)
+    runtime = step.create_state(plan, gradients, variables)
     # With a network whose compression costs are 0, the plan's predicted time is its communication.
-    return _graph_call(lambda: step(plan, gradients, variables)), predicted_exchange_time(plan)
+    return _graph_call(lambda: step(plan, gradients, variables, runtime)), predicted_exchange_time(plan)
 
 
 class CompressionFigures(NamedTuple):

@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 DEFAULT_MIN_ELEMENTS = 1024
+DEFAULT_TRIAL_STEPS = 10
 
 
 class Encoded(NamedTuple):
@@ -148,6 +149,10 @@ class Compressor:
         "allreduce", "artopk" to force it for every compressed bucket (see
         `tfcomp.cost_model.available_strategies`).
       min_elements: with planning="off", tensors with fewer elements are sent dense (1 to 2^63 - 1).
+      trial_steps: with planning="auto" and no forced strategy, a plan that compresses is tried in
+        training (`tfcomp.trial`): `trial_steps` + 1 steps with it, as many dense, and it is kept
+        only if its median step is at least 2 % shorter; else every bucket goes dense. 0: the cost
+        model's plan is kept untried (0 to 2^31 - 1; default 10).
       payload_shows_non_finite: (class) whether a non-finite element of the encoded tensor always
         leaves a non-finite value in the payload's floating-point tensors (NaN and Inf always
         selected and ranked first; a scale or norm over every element), so that the exchange
@@ -170,7 +175,8 @@ class Compressor:
     agrees_scale = False
 
     def __init__(self, *, error_feedback: bool, momentum=None, adam=None, warmup_steps: int = 0,
-                 min_elements: int = DEFAULT_MIN_ELEMENTS, planning: str = "auto", strategy=None):
+                 min_elements: int = DEFAULT_MIN_ELEMENTS, planning: str = "auto", strategy=None,
+                 trial_steps: int = DEFAULT_TRIAL_STEPS):
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
@@ -194,6 +200,13 @@ class Compressor:
             raise ValueError(f"strategy must be None or one of {available_strategies(self)} for "
                              f"{type(self).__name__}, got {strategy!r}")
         self.strategy = strategy
+        self.trial_steps = _check_int("trial_steps", trial_steps, 0, 2**31 - 1, "a number of steps")
+
+    @property
+    def tried_steps(self) -> int:
+        """Timed steps per arm of the plan's trial in training: `trial_steps` where the cost model
+        chooses (planning "auto", no forced strategy), else 0."""
+        return self.trial_steps if self.planning == "auto" and self.strategy is None else 0
 
     @property
     def optimizer_state(self) -> int:

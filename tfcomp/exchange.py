@@ -88,11 +88,13 @@ class _UntrackedFunction:
 
 
 class _PlanEntry:
-    """A plan, the sources it was made for, and its eager step function (made on first eager use)."""
+    """A plan, the sources it was made for, its `StepRuntime`, and its eager step function (made
+    on first eager use)."""
 
-    def __init__(self, plan, sources):
+    def __init__(self, plan, sources, runtime):
         self.plan = plan
         self.sources = sources
+        self.runtime = runtime
         self.eager_step = None
 
 
@@ -120,7 +122,8 @@ class GradientExchange(tf.Module):
       process_set: the Horovod process set to reduce over.
       name: name scope of the exchange's ops.
       plan: a fixed `tfcomp.planning.Plan` for the gradients it will see (default: made by the
-        planner the first time a list of gradients is seen).
+        planner the first time a list of gradients is seen, and, where it compresses, tried in
+        training: `compressor.trial_steps`, `tfcomp.trial`). Not tried when given.
       collectives: what the compressed buckets use (default: Horovod's over process_set).
     """
 
@@ -151,6 +154,7 @@ class GradientExchange(tf.Module):
         self._fixed_plan = plan
         self._plans = {}
         self.plan = plan
+        self.trial = None
         self.records: tuple = ()
 
     # -- state -------------------------------------------------------------------------------------
@@ -193,10 +197,10 @@ class GradientExchange(tf.Module):
         if tf.executing_eagerly():
             if entry.eager_step is None:
                 entry.eager_step = _UntrackedFunction(tf.function(
-                    lambda gs: self._step_graph(entry.plan, gs, entry.sources), autograph=False))
+                    lambda gs: self._step_graph(entry.plan, gs, entry.sources, entry.runtime), autograph=False))
             reduced = entry.eager_step(grads_in)
         else:
-            reduced = self._step_graph(entry.plan, grads_in, entry.sources)
+            reduced = self._step_graph(entry.plan, grads_in, entry.sources, entry.runtime)
         out = list(grads)
         for i, r in zip(present, reduced):
             out[i] = r
@@ -230,12 +234,13 @@ class GradientExchange(tf.Module):
         tensors = [(i, names[i], int(grads[i].shape.num_elements())) for i in reversed(candidates)]
         with tf.init_scope():
             plan = self._fixed_plan if self._fixed_plan is not None else self._planner.plan(tensors, signature)
-            self._step_graph.create_state(plan, grads, keys)
+            trial_steps = self.compressor.tried_steps if self._fixed_plan is None and self._collectives.size > 1 else 0
+            runtime = self._step_graph.create_state(plan, grads, keys, trial_steps)
         self._take_restored_state()
         if self._collectives.rank == 0 and self._collectives.size > 1 and self.compressor.planning == "auto" and tensors:
             logging.info("tfcomp: calibrated in %.1f s\n%s", self.calibration_seconds, plan.table())
-        self._plans[cache_key] = entry = _PlanEntry(plan, keys)
-        self.plan = plan
+        self._plans[cache_key] = entry = _PlanEntry(plan, keys, runtime)
+        self.plan, self.trial = plan, runtime.trial
         return entry
 
     def _take_restored_state(self) -> None:
@@ -283,14 +288,22 @@ class GradientExchange(tf.Module):
                 records.append(TensorRecord(name, size, "allreduce", dense_bytes, dense_bytes, number))
         self.records = tuple(records)
 
+    def _plan_dropped(self) -> bool:
+        """Whether the plan's trial found it slower than dense (every bucket is now sent dense)."""
+        return self.trial is not None and not self.trial.read()["compressed"]
+
     def bytes_per_step(self) -> tuple:
         """(dense bytes, sent bytes) one worker exchanges per step, over the tensors whose payload
-        size is fixed (IndexedSlices are left out)."""
+        size is fixed (IndexedSlices are left out), with the plan (all dense once its trial
+        dropped it)."""
         known = [r for r in self.records if r.sent_bytes >= 0]
-        return sum(r.dense_bytes for r in known), sum(r.sent_bytes for r in known)
+        dense = sum(r.dense_bytes for r in known)
+        return dense, dense if self._plan_dropped() else sum(r.sent_bytes for r in known)
 
     def compressed_tensors(self) -> list:
-        """Names of the tensors the compressor encodes."""
+        """Names of the tensors the compressor encodes (none once the plan's trial dropped it)."""
+        if self._plan_dropped():
+            return []
         return [r.name for r in self.records if r.strategy.startswith(type(self.compressor).__name__)]
 
     def describe(self) -> str:
@@ -307,6 +320,14 @@ class GradientExchange(tf.Module):
             lines.append(f"{r.name[:40]:40s} {r.elements:10d} {r.strategy:>22s} {r.dense_bytes:10d} {sent_text:>10s}")
         dense, sent = self.bytes_per_step()
         lines.append(f"{'total':40s} {'':10s} {'':22s} {dense:10d} {sent:10d}  ({sent / max(dense, 1):.2%} of dense)")
+        if self.trial is not None:
+            result = self.trial.read()
+            if not result["decided"]:
+                lines.append(f"plan on trial: {self.trial.steps} timed steps with it, then as many dense")
+            else:
+                verdict = "kept" if result["compressed"] else "dropped: every bucket is sent dense"
+                lines.append(f"plan tried in training: median step {result['compressed_ms']:.1f} ms with it, "
+                             f"{result['dense_ms']:.1f} ms dense: {verdict}")
         return "\n".join(lines)
 
 

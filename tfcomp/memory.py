@@ -61,6 +61,10 @@ class ErrorFeedback(tf.Module):
                              f"error-feedback residual has {self.residuals[index].shape.num_elements()}")
         return index
 
+    def has(self, source) -> bool:
+        """Whether `source` has memory (created by an earlier `residual`, `momentum`, ...)."""
+        return source_key(source) in self._slot_of
+
     def residual(self, source, size: int, optimizer_state: int = 0) -> tf.Variable:
         """The residual (or DGC velocity) of `source`: float32 [size]. `optimizer_state`
         (`Compressor.optimizer_state`): the moments to create with it where it is new."""

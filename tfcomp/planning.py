@@ -19,9 +19,9 @@ prices a plan as the exchange runs it (one fused collective per strategy: latenc
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
 
 from tfcomp import cost_model as cm
 
@@ -37,7 +37,7 @@ def digest(value) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Bucket:
     """Gradients exchanged together: their positions in the exchange's list (backprop order), total
     float32 elements, strategy, and the predicted seconds with it and sent dense."""
@@ -49,7 +49,7 @@ class Bucket:
     dense_seconds: float
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Plan:
     """Buckets in the order they are formed, the tensor names by position, what it was made from."""
 
@@ -65,6 +65,10 @@ class Plan:
     @property
     def compressed(self) -> tuple:
         return tuple(b for b in self.buckets if b.strategy != "dense")
+
+    def all_dense(self) -> "Plan":
+        """The same buckets, every one sent dense (what a plan trial times against the plan)."""
+        return dataclasses.replace(self, buckets=tuple(dataclasses.replace(b, strategy="dense") for b in self.buckets))
 
     def table(self) -> str:
         """Readable: bucket, tensors, elements, strategy, predicted time with it and dense."""

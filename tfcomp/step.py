@@ -40,8 +40,9 @@ from tfcomp import ops
 from tfcomp.collectives import grouped_by_dtype
 from tfcomp.compressors import FP16
 from tfcomp.counters import tensor_bytes
+from tfcomp.trial import PlanTrial
 
-__all__ = ["StepGraph", "wire_bytes"]
+__all__ = ["StepGraph", "StepRuntime", "wire_bytes"]
 
 
 class _Payload(NamedTuple):
@@ -56,13 +57,15 @@ class _Payload(NamedTuple):
 
 class _MemoryUpdate(NamedTuple):
     """One bucket's new error-feedback memory: the residual (float32 [n]; None: zero, after a
-    warm-up step, which sent everything), still to be cleared at the (values, indices) this worker
+    dense step, which sent everything), still to be cleared at the (values, indices) this worker
     sent (`cleared`; None: nothing to clear), and the optimizer's moments (a tuple of float32 [n]:
-    DGC's momentum u, cleared with the residual, or Adam's m and v, never cleared; None without)."""
+    DGC's momentum u, cleared with the residual, or Adam's m and v, never cleared; None without).
+    `residual_kept`: the residual was not sent (a dense step that knows it is zero): left alone."""
 
     residual: object
     moments: object
     cleared: object
+    residual_kept: bool = False
 
 
 class _Unsummed(NamedTuple):
@@ -107,6 +110,15 @@ def _any_non_finite(tensors):
                               tf.float32), [1])
 
 
+def _all_finite(tensor) -> tf.Tensor:
+    """bool scalar: whether every element of `tensor` is finite, by one read pass (its sum, which
+    any NaN or Inf makes non-finite) where that sum is finite, element by element only where it
+    is not (a NaN or Inf, or finite values whose sum overflows)."""
+    total = tf.reduce_sum(tensor)
+    return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
+                   lambda: tf.reduce_all(tf.math.is_finite(tensor)))
+
+
 def _sum_stays_finite(wire, num_workers: int):
     """bool scalar: whether the decoded sum of K workers' payloads `wire` is surely finite: every
     floating-point wire tensor finite and K times its largest magnitude within float32's range
@@ -122,6 +134,20 @@ def wire_bytes(compressor, bucket) -> int:
     if bucket.strategy == "artopk":
         return 4 * compressor.payload_length(bucket.elements)
     return compressor.payload_bytes(bucket.elements)
+
+
+class StepRuntime:
+    """What one plan's steps keep besides the exchange's state, not checkpointed (a plain holder):
+    `flush`, a bool variable per variant ("plan", "dense": the trial's all-dense twin), set while
+    a dense bucket's tensor may hold a residual still to send (at first, in case a restore brought
+    one; for the twin, after every step of the plan), and the plan's `PlanTrial` or None. Made by
+    `StepGraph.create_state`, eagerly."""
+
+    def __init__(self, trial):
+        with tf.init_scope():
+            self.flush = {variant: tf.Variable(True, trainable=False, name=f"tfcomp_flush_{variant}")
+                          for variant in ("plan", "dense")}
+        self.trial = trial
 
 
 class StepGraph:
@@ -159,33 +185,76 @@ class StepGraph:
         return float(sum(t.shape.num_elements() * (2 if fp16 and t.dtype.is_floating else t.dtype.size)
                          for t in tensors))
 
-    def create_state(self, plan, grads, sources) -> None:
-        """Creates the error-feedback memory the plan's compressed buckets need, eagerly (call it
-        outside any trace, before the first step: a traced function must not create variables)."""
-        if not self.compressor.error_feedback:
-            return
+    def create_state(self, plan, grads, sources, trial_steps: int = 0) -> "StepRuntime":
+        """Creates, eagerly (call it outside any trace, before the first step: a traced function
+        must not create variables), the error-feedback memory the plan's compressed buckets need
+        and the plan's `StepRuntime` (with a `PlanTrial` of `trial_steps` steps per arm where the
+        plan compresses and `trial_steps` > 0); returns the runtime, to pass to every step."""
         with tf.init_scope():
-            sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
-            for bucket in plan.compressed + self._corrected_dense_buckets(plan, sizes):
-                for i in bucket.positions:
-                    self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
-                                               self.compressor.optimizer_state)
+            if self.compressor.error_feedback:
+                sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
+                for bucket in plan.compressed + self._corrected_dense_buckets(plan, sizes):
+                    for i in bucket.positions:
+                        self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
+                                                   self.compressor.optimizer_state)
+            return StepRuntime(PlanTrial(trial_steps) if plan.compressed and trial_steps > 0 else None)
 
-    def __call__(self, plan, grads, sources):
-        """The reduced `grads` (a list of tensors, IndexedSlices or None) under `plan`. `sources`:
-        what each gradient belongs to (variables, or keys of watched tensors), for error feedback."""
+    def __call__(self, plan, grads, sources, runtime: "StepRuntime"):
+        """The reduced `grads` (a list of tensors or IndexedSlices) under `plan`. `sources`: what
+        each gradient belongs to (variables, or keys of watched tensors), for error feedback;
+        `runtime`: the plan's `create_state`. Under a trial, a tf.cond picks the plan or every
+        bucket dense for this step."""
         counters = self.counters
         if counters is not None:
             # Only the clock waits for the last gradient; the buckets start as soon as theirs are ready.
-            started = counters.start([g.values if isinstance(g, tf.IndexedSlices) else g for g in grads if g is not None])
+            started = counters.start([g.values if isinstance(g, tf.IndexedSlices) else g for g in grads])
+        if runtime.trial is None:
+            out = self._reduce(plan, grads, sources, runtime, "plan")
+        else:
+            out = tf.cond(runtime.trial.sends_compressed(self.collectives),
+                          lambda: self._reduce(plan, grads, sources, runtime, "plan"),
+                          lambda: self._reduce(plan.all_dense(), grads, sources, runtime, "dense"))
+        self.state.step.assign_add(1)
+        if counters is not None:
+            counters.finish(started, [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o)
+                                      for o in out],
+                            sum(g.shape.num_elements() * g.dtype.size for g in grads
+                                if not isinstance(g, tf.IndexedSlices)))
+        return out
+
+    def _reduce(self, plan, grads, sources, runtime, variant: str):
+        """The reduced grads under `plan` (`variant`: "plan", or "dense" for a trial's all-dense
+        twin). Where a dense bucket's tensor has error-feedback memory, its residual is sent (and
+        cleared) only while `runtime.flush[variant]` is set: a residual is left after a restore and,
+        for the dense twin, after each step of the plan's compressed buckets; once sent it stays
+        zero, and later dense steps leave it alone."""
+        sizes = [int(g.shape.num_elements() or 0) for g in grads]
+        memory = self.state.memory if self.compressor.error_feedback else None
+        with_residuals = memory is not None and any(
+            memory.has(sources[i]) for b in plan.buckets if b.strategy == "dense" for i in b.positions)
+        if plan.compressed:
+            runtime.flush["dense"].assign(True)
+        if not with_residuals:
+            return self._reduce_once(plan, grads, sources, sizes, flush=False)
+        flag = runtime.flush[variant]
+
+        def flushed():
+            out = self._reduce_once(plan, grads, sources, sizes, flush=True)
+            with tf.control_dependencies([flag.assign(False)]):
+                return [o if isinstance(o, tf.IndexedSlices) else tf.identity(o) for o in out]
+
+        return tf.cond(flag, flushed, lambda: self._reduce_once(plan, grads, sources, sizes, flush=False))
+
+    def _reduce_once(self, plan, grads, sources, sizes, flush: bool):
+        """`_reduce` for one setting of `flush` (whether dense buckets send their residuals)."""
         out = [None] * len(grads)
-        sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
         compressed = plan.compressed
         planned = {p for b in plan.buckets for p in b.positions}
-        corrected_dense = self._corrected_dense_buckets(plan, sizes)
-        dense_groups = [] if corrected_dense else [b.positions for b in plan.buckets if b.strategy == "dense"]
-        dense_groups.append([i for i, g in enumerate(grads)
-                             if g is not None and i not in planned and not isinstance(g, tf.IndexedSlices)])
+        memory_dense = self._dense_buckets_with_memory(plan, sources, sizes, flush)
+        with_memory = {p for b in memory_dense for p in b.positions}
+        dense_groups = [[i for i in b.positions if i not in with_memory]
+                        for b in plan.buckets if b.strategy == "dense"]
+        dense_groups.append([i for i, g in enumerate(grads) if i not in planned and not isinstance(g, tf.IndexedSlices)])
         prescale, postscale = self._dense_factors()
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
@@ -195,18 +264,13 @@ class StepGraph:
         for group in dense_groups:
             for i, r in zip(group, self._allreduce_dense([grads[i] for i in group])):
                 out[i] = r
-        if compressed or corrected_dense:
-            corrected_groups = [len(b.positions) for b in plan.buckets if b.strategy == "dense"] if corrected_dense else []
-            self._place(compressed + corrected_dense,
-                        self._buckets_with_memory(compressed, corrected_dense, corrected_groups, grads, sources, sizes,
-                                                  out),
+        if compressed or memory_dense:
+            memory_groups = [sum(1 for i in b.positions if i in with_memory)
+                             for b in plan.buckets if b.strategy == "dense"]
+            self._place(compressed + memory_dense,
+                        self._buckets_with_memory(compressed, memory_dense, [n for n in memory_groups if n], grads,
+                                                  sources, sizes, out, residual_sent=flush),
                         grads, sizes, out)
-        self.state.step.assign_add(1)
-        if counters is not None:
-            counters.finish(started, [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o)
-                                      for o in out if o is not None],
-                            sum(g.shape.num_elements() * g.dtype.size for g in grads
-                                if g is not None and not isinstance(g, tf.IndexedSlices)))
         return out
 
     @staticmethod
@@ -226,6 +290,17 @@ class StepGraph:
             return ()
         return tuple(dataclasses.replace(b, positions=(i,), elements=sizes[i])
                      for b in plan.buckets if b.strategy == "dense" for i in b.positions)
+
+    def _dense_buckets_with_memory(self, plan, sources, sizes, flush: bool) -> tuple:
+        """The one-tensor buckets of the plan's dense buckets that go through error-feedback memory:
+        under momentum or Adam correction all of them, and with `flush` also every other one whose
+        tensor has a residual (to send it)."""
+        corrected = self._corrected_dense_buckets(plan, sizes)
+        if not flush or corrected or not self.compressor.error_feedback:
+            return corrected
+        memory = self.state.memory
+        return tuple(dataclasses.replace(b, positions=(i,), elements=sizes[i])
+                     for b in plan.buckets if b.strategy == "dense" for i in b.positions if memory.has(sources[i]))
 
     def _dense_factors(self):
         if self.op == hvd.Average:
@@ -248,25 +323,31 @@ class StepGraph:
 
     # -- compressed --------------------------------------------------------------------------------
 
-    def _buckets_with_memory(self, compressed, corrected_dense, dense_groups, grads, sources, sizes, dense_results):
+    def _buckets_with_memory(self, compressed, memory_dense, dense_groups, grads, sources, sizes, dense_results,
+                             residual_sent: bool):
         """The reduced flat float32 tensor of each compressed bucket, then of each one-tensor bucket
-        that carries optimizer moments (`_corrected_dense_buckets`, sent by one grouped allreduce per
-        `dense_groups` consecutive ones: the plan's dense buckets), with their memory updated (all
-        of it, or none where any reduced gradient is not finite)."""
+        of a dense bucket that goes through memory (`_dense_buckets_with_memory`, sent by one
+        grouped allreduce per `dense_groups` consecutive ones: the plan's dense buckets; their
+        residuals added and cleared only if `residual_sent`), with their memory updated (all of
+        it, or none where any reduced gradient is not finite)."""
         compressor = self.compressor
-        buckets = compressed + corrected_dense
-        accumulated = [self._accumulate_bucket(b, grads, sources) for b in buckets]
+        buckets = compressed + memory_dense
+        accumulated = [self._accumulate_bucket(b, grads, sources) for b in compressed]
+        accumulated += [self._accumulate_bucket(b, grads, sources, residual_sent) for b in memory_dense]
         sparse, dense = accumulated[:len(compressed)], accumulated[len(compressed):]
+        kept = [False] * len(compressed) + [not residual_sent] * len(memory_dense)
 
         def send_compressed():
             reduced, updates, finite = self._send_compressed(sparse, compressed) if compressed else ([], [], [])
-            reduced_dense, updates_dense = self._send_dense(dense, dense_groups) if dense else ([], [])
+            reduced_dense, updates_dense = self._send_dense(dense, kept[len(compressed):], dense_groups) if dense \
+                else ([], [])
             return self._with_memory_update(buckets, sources, sizes, reduced + reduced_dense, updates + updates_dense,
                                             dense_results, finite)
 
         if compressor.warmup_steps > 0 and compressed:
             def send_dense():
-                return self._with_memory_update(buckets, sources, sizes, *self._send_dense(accumulated), dense_results)
+                return self._with_memory_update(buckets, sources, sizes, *self._send_dense(accumulated, kept),
+                                                dense_results)
 
             return tf.cond(self.state.step < compressor.warmup_steps, send_dense, send_compressed)
         return send_compressed()
@@ -280,30 +361,32 @@ class StepGraph:
         if not self.compressor.error_feedback:
             return reduced
         dense = [tf.convert_to_tensor(o) for o in dense_results if o is not None and o.dtype.is_floating]
-        finite = list(finite) + [tf.reduce_all(tf.math.is_finite(r)) for r in list(reduced)[len(finite):] + dense]
+        finite = list(finite) + [_all_finite(r) for r in list(reduced)[len(finite):] + dense]
         keep = tf.logical_not(tf.reduce_all(finite))
         assigned = tf.cond(keep, tf.no_op, lambda: tf.group(
             [self._update_memory(b, sources, sizes, u) for b, u in zip(buckets, updates)]))
         with tf.control_dependencies([assigned]):
             return [tf.identity(r) for r in reduced]
 
-    def _accumulate_bucket(self, bucket, grads, sources):
+    def _accumulate_bucket(self, bucket, grads, sources, with_residual: bool = True):
         """(flat float32 gradients plus memory of the bucket's tensors, concatenated, or an
         `_Unsummed` gradient and residual where the compressor's kernels add them; their new
-        optimizer moments, each concatenated, or None)."""
+        optimizer moments, each concatenated, or None). Without `with_residual` the residuals
+        (known to be zero) are not read."""
         apart = (self.compressor.fuses_residual and len(bucket.positions) == 1
                  and bucket.strategy not in ("artopk", "dense"))
-        parts = [self._accumulate(grads[i], sources[i], apart) for i in bucket.positions]
+        parts = [self._accumulate(grads[i], sources[i], apart, with_residual) for i in bucket.positions]
         accumulated = _concat([acc for acc, _ in parts])
         moments = None if parts[0][1] is None else tuple(_concat(list(m)) for m in zip(*[m for _, m in parts]))
         return accumulated, moments
 
-    def _accumulate(self, grad, source, apart: bool = False):
+    def _accumulate(self, grad, source, apart: bool = False, with_residual: bool = True):
         """(flat float32 gradient plus memory of one tensor, its new optimizer moments or None):
         g + r (with `apart`, `_Unsummed(g, r)` for the compressor's kernels to add); under DGC
         momentum correction r + u with u = mu u + g, moments (u,); under Adam correction r + d with
         d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g and v = b2 v + (1 - b2) g^2,
-        bias-corrected for the step t = communicating steps so far + 1, moments (m, v)."""
+        bias-corrected for the step t = communicating steps so far + 1, moments (m, v). Without
+        `with_residual`, r (known to be zero) is left out."""
         compressor = self.compressor
         flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
         if not compressor.error_feedback:
@@ -311,17 +394,21 @@ class StepGraph:
         size = int(flat.shape[0])
         memory = self.state.memory
         residual = memory.residual(source, size, compressor.optimizer_state)
+
+        def plus_residual(x):
+            return residual + x if with_residual else x
+
         if compressor.adam is not None:
             beta_1, beta_2, epsilon = compressor.adam
             m = beta_1 * memory.momentum(source, size) + (1.0 - beta_1) * flat
             v = beta_2 * memory.second_moment(source, size) + (1.0 - beta_2) * tf.square(flat)
             t = tf.cast(self.state.step + 1, tf.float32)
             direction = (m / (1.0 - tf.pow(beta_1, t))) / (tf.sqrt(v / (1.0 - tf.pow(beta_2, t))) + epsilon)
-            return residual + direction, (m, v)
+            return plus_residual(direction), (m, v)
         if compressor.momentum is None:
-            return (_Unsummed(flat, residual.value()) if apart else flat + residual), None
+            return (_Unsummed(flat, residual.value()) if apart and with_residual else plus_residual(flat)), None
         momentum = compressor.momentum * memory.momentum(source, size) + flat
-        return residual + momentum, (momentum,)
+        return plus_residual(momentum), (momentum,)
 
     def _update_memory(self, bucket, sources, sizes, update):
         """The assignments of the bucket's new memory: each residual (and DGC momentum) becomes its
@@ -337,7 +424,7 @@ class StepGraph:
         assignments, offset = [], 0
         for n, i in enumerate(bucket.positions):
             residual = memory.residual(sources[i], sizes[i], compressor.optimizer_state)
-            cleared, kept = [(residual, residuals[n])], []
+            cleared, kept = ([] if update.residual_kept else [(residual, residuals[n])]), []
             if compressor.momentum is not None:
                 cleared.append((memory.momentum(sources[i], sizes[i]), moments[0][n]))
             if compressor.adam is not None:
@@ -470,15 +557,16 @@ class StepGraph:
         values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
         return _Payload((values,), indices, (values, indices) if self.compressor.error_feedback else None)
 
-    def _send_dense(self, accumulated, groups=None):
-        """Warm-up steps and dense buckets under momentum or Adam correction: gradient (or its
-        momentum u, or Adam's direction d) plus residual sent dense, by one grouped allreduce per
-        `groups` consecutive buckets (None: one for all); the residual is then empty, and the
-        moments stay as computed (nothing masked: a dense send is momentum SGD, or Adam)."""
+    def _send_dense(self, accumulated, residual_kept, groups=None):
+        """Warm-up steps and dense buckets with memory: gradient (or its momentum u, or Adam's
+        direction d), plus the residual where it was added, sent dense by one grouped allreduce per
+        `groups` consecutive buckets (None: one for all); the residual is then empty (or, where
+        `residual_kept` says it was not added, being zero, left alone), and the moments stay as
+        computed (nothing masked: a dense send is momentum SGD, or Adam)."""
         flats, reduced = [_dense(acc) for acc, _ in accumulated], []
         for length in groups or [len(flats)]:
             reduced += self._allreduce_dense(flats[len(reduced):len(reduced) + length])
         updates = []
         if self.compressor.error_feedback:
-            updates = [_MemoryUpdate(None, moments, None) for _, moments in accumulated]
+            updates = [_MemoryUpdate(None, moments, None, kept) for (_, moments), kept in zip(accumulated, residual_kept)]
         return reduced, updates
