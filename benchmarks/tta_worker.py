@@ -149,8 +149,9 @@ def main(argv):
     try:
         exchange = tfcomp.exchange_of(optimizer)
         plan, calibration = exchange.describe(), exchange.calibration_seconds
+        trial = None if exchange.trial is None else exchange.trial.read()
     except TypeError:
-        plan, calibration = "stock Horovod allreduce", 0.0
+        plan, calibration, trial = "stock Horovod allreduce", 0.0, None
     if hvd.rank() == 0:
         print(plan, flush=True)
         result = {"model": FLAGS.model, "config": FLAGS.config, "seed": FLAGS.seed, "workers": hvd.size(),
@@ -160,7 +161,7 @@ def main(argv):
                   "warmup_steps": FLAGS.warmup_steps if MODEL_OPTIMIZERS[FLAGS.model][2] else 0,
                   "timeline": record.timeline, "final_accuracy": record.timeline[-1][2],
                   "dense_bytes_per_step": dense, "sent_bytes_per_step": sent,
-                  "calibration_seconds": calibration, "plan": plan}
+                  "calibration_seconds": calibration, "plan": plan, "trial": trial}
         if FLAGS.json_out:
             with open(FLAGS.json_out, "w") as f:
                 json.dump(result, f, indent=1)

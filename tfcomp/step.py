@@ -110,13 +110,15 @@ def _any_non_finite(tensors):
                               tf.float32), [1])
 
 
-def _all_finite(tensor) -> tf.Tensor:
-    """bool scalar: whether every element of `tensor` is finite, by one read pass (its sum, which
-    any NaN or Inf makes non-finite) where that sum is finite, element by element only where it
-    is not (a NaN or Inf, or finite values whose sum overflows)."""
-    total = tf.reduce_sum(tensor)
+def _all_finite(tensors) -> tf.Tensor:
+    """bool scalar: whether every element of `tensors` is finite, by one read pass (the sum of
+    their sums, which any NaN or Inf makes non-finite) where that sum is finite, element by element
+    only where it is not (a NaN or Inf, or finite values whose sum overflows)."""
+    if not tensors:
+        return tf.constant(True)
+    total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])
     return tf.cond(tf.math.is_finite(total), lambda: tf.constant(True),
-                   lambda: tf.reduce_all(tf.math.is_finite(tensor)))
+                   lambda: tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in tensors]))
 
 
 def _sum_stays_finite(wire, num_workers: int):
@@ -361,7 +363,7 @@ class StepGraph:
         if not self.compressor.error_feedback:
             return reduced
         dense = [tf.convert_to_tensor(o) for o in dense_results if o is not None and o.dtype.is_floating]
-        finite = list(finite) + [_all_finite(r) for r in list(reduced)[len(finite):] + dense]
+        finite = list(finite) + [_all_finite(list(reduced)[len(finite):] + dense)]
         keep = tf.logical_not(tf.reduce_all(finite))
         assigned = tf.cond(keep, tf.no_op, lambda: tf.group(
             [self._update_memory(b, sources, sizes, u) for b, u in zip(buckets, updates)]))
