@@ -187,7 +187,8 @@ def check_trial(report):
     the plan faster (0.2 s a step against 0.3 s dense), the others slower (0.4 s); the medians
     averaged over the ranks decide, alike on every rank (dense here). The residuals the plan's
     steps left are sent with the first dense step, so what the exchange returned over all steps
-    adds up to the average of all gradients."""
+    adds up to the average of all gradients (a compressed one, a dense one, and IndexedSlices,
+    which both branches send by Horovod's sparse allreduce)."""
     from tfcomp.collectives import HorovodCollectives
     from tfcomp.cost_model import ClusterModel, StrategyTime
     from tfcomp.memory import ExchangeState
@@ -204,24 +205,30 @@ def check_trial(report):
     collectives = HorovodCollectives(hvd_tf.global_process_set)
     state = ExchangeState(hvd.rank(), hvd.size())
     step = StepGraph(compressor, state, collectives)
-    variables = [tf.Variable(tf.zeros([n])) for n in sizes]
-    runtime = step.create_state(plan, [tf.zeros([n]) for n in sizes], variables)
+    variables = [tf.Variable(tf.zeros([n])) for n in sizes] + [tf.Variable(tf.zeros([50, 4]))]
+
+    def gradients():
+        rows = tf.constant(rng.choice(50, size=6, replace=False).astype(np.int32))
+        sparse = tf.IndexedSlices(tf.constant(rng.standard_normal((6, 4)).astype(np.float32)), rows, tf.constant([50, 4]))
+        return [tf.constant(rng.standard_normal(n).astype(np.float32)) for n in sizes] + [sparse]
+
+    runtime = step.create_state(plan, gradients(), variables)
     clock = tf.Variable(0.0, dtype=tf.float64)
     runtime.trial = PlanTrial(2, clock=clock.read_value)
     function = tf.function(lambda gs: step(plan, gs, variables, runtime), autograph=False)
     seconds = {True: 0.2 if hvd.rank() == 0 else 0.4, False: 0.3}
-    sent_total = [np.zeros(n) for n in sizes]
-    reduced_total = [np.zeros(n) for n in sizes]
+    sent_total = [np.zeros(n) for n in sizes] + [np.zeros((50, 4))]
+    reduced_total = [np.zeros(n) for n in sizes] + [np.zeros((50, 4))]
     dense_spread = 0.0
     for call in range(9):
-        grads = [tf.constant(rng.standard_normal(n).astype(np.float32)) for n in sizes]
-        reduced = function(grads)
+        grads = gradients()
+        reduced = [tf.convert_to_tensor(r) for r in function(grads)]
         compressed = call <= 2 or (call >= 6 and runtime.trial.read()["compressed"])
         if call >= 4:  # after the trial's first dense step, which also sent the residuals: plain averages
-            plain = [hvd.allreduce(g, op=hvd.Average).numpy() for g in grads]
+            plain = [hvd.allreduce(tf.convert_to_tensor(g), op=hvd.Average).numpy() for g in grads]
             dense_spread = max(dense_spread, *(float(np.max(np.abs(r.numpy() - p))) for r, p in zip(reduced, plain)))
-        for i in range(2):
-            sent_total[i] += grads[i].numpy()
+        for i in range(3):
+            sent_total[i] += tf.convert_to_tensor(grads[i]).numpy()
             reduced_total[i] += reduced[i].numpy()
         clock.assign_add(seconds[compressed])
     expected = [hvd.allreduce(tf.constant(t), op=hvd.Average).numpy() for t in sent_total]

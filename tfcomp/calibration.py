@@ -19,7 +19,9 @@
   * in two stages: the smallest and the largest compression probe first, which bound the costs
     from below (every cost they cannot separate at 0). If the plan with those least costs is all
     dense (a network fast enough that compressing cannot pay), no further measurement could change
-    that, and calibration stops there (on a fast network it takes a fraction of the time).
+    that, and calibration stops there (on a fast network it takes a fraction of the time). It
+    stops there too for a compressor tried in training (`tfcomp.trial`) where those least costs
+    predict less than a 1.5x faster exchange than dense: their plan goes to the trial.
 
 Everything is timed as training runs it: each call one graph, started right after a barrier (in
 training the previous step's collectives synchronise the workers), the probes of a kind
@@ -59,7 +61,7 @@ from tfcomp.collectives import HorovodCollectives, LocalCollectives
 from tfcomp.compressors import DEFAULT_MIN_ELEMENTS, DEFAULT_TRIAL_STEPS
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 from tfcomp.memory import ExchangeState
-from tfcomp.planning import Bucket, Plan, make_plan, predicted_exchange_time
+from tfcomp.planning import Bucket, Plan, all_dense_time, make_plan, predicted_exchange_time
 from tfcomp.step import StepGraph
 
 __all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "calibrate", "cost_settings", "measure_compression"]
@@ -87,6 +89,9 @@ _MIN_LARGEST_PROBE = 2**20
 _TINY_BYTES = 4.0  # the tiny collectives send one float32
 _MIN_TRANSFER_SECONDS = 1e-6  # the least transfer time a fit accepts (a finite bandwidth)
 _MEASUREMENT_ATTEMPTS = 2  # network and compression measured again once when they do not fit together
+# Where compression's least costs predict less than this gain over dense, a compressor tried in
+# training is planned from them: the trial decides, and measuring the rest would not pay.
+_CLEAR_GAIN = 1.5
 
 
 def _interleaved_times(runs: dict, rounds: int, barrier=None, warmup: int = 1) -> dict:
@@ -543,7 +548,10 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
     network figures do not explain its compressed probes' times (a slow spell while the network
     was measured), every rank measures both once more, and keeps the second figures whatever they
     are. Where rank 0's lower bounds of the compression costs already make the plan all dense,
-    those are the figures (`measure_compression`'s `could_pay`)."""
+    those are the figures (`measure_compression`'s `could_pay`). So they are where the compressor
+    is tried in training (`Compressor.tried_steps`) and even those least costs predict a gain
+    below `_CLEAR_GAIN`: the plan they make goes to the trial, which is a truer test of a small
+    gain than more probes."""
     if available_strategies(compressor) == ("dense",):
         return _measure_networks(process_set, max_elements), None, False
     collectives = HorovodCollectives(process_set)
@@ -552,8 +560,14 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
         network = _measure_networks(process_set, max_elements)
 
         def could_pay(lower: CompressionFigures) -> bool:
-            """Rank 0's answer, on every rank: whether the plan with compression at its least cost compresses."""
-            could = not lower.explained or bool(make_plan(tensors, compressor, lower.apply(network)).compressed)
+            """Rank 0's answer, on every rank: whether measuring the rest could change the plan: the
+            plan with compression at its least cost compresses (and, for a compressor tried in
+            training, gains at least _CLEAR_GAIN)."""
+            could = not lower.explained
+            if not could:
+                plan = make_plan(tensors, compressor, lower.apply(network))
+                gain = all_dense_time(plan) / max(predicted_exchange_time(plan), 1e-12)
+                could = bool(plan.compressed) and (compressor.tried_steps == 0 or gain >= _CLEAR_GAIN)
             return _rank0_value(float(could), process_set) == 1.0
 
         if cached is not None and (cached.complete or not could_pay(cached)):
@@ -563,8 +577,9 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
                                       tensor_elements, could_pay)
         if not figures.complete:
             if process_set.rank() == 0:
-                logging.info("tfcomp: calibration: compression cannot pay on this network even at its least cost "
-                             "(%.2f ns per element, %.2f ms fixed): the plan is dense, its other costs not measured",
+                logging.info("tfcomp: calibration: compression cannot pay clearly on this network even at its least "
+                             "cost (%.2f ns per element, %.2f ms fixed): the plan is made from those least costs "
+                             "(dense, or tried in training), the other costs not measured",
                              1e9 * figures.encode_decode.c1, 1e3 * figures.fixed)
             break
         if _rank0_value(float(figures.explained), process_set) == 1.0:
