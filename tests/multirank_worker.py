@@ -238,6 +238,19 @@ def check_trial(report):
     report["trial/result"] = runtime.trial.read()
     report["trial/flush_dense_pending"] = bool(runtime.flush["dense"].numpy())
 
+    # With 2 warm-up steps (sent dense by the plan's branch) the trial starts at the third step.
+    warm = tfcomp.DRAGONN(0.05, warmup_steps=2)
+    plan = dataclasses.replace(plan, compressor=warm)
+    step = StepGraph(warm, ExchangeState(hvd.rank(), hvd.size()), collectives)
+    runtime = step.create_state(plan, gradients(), variables, trial_steps=1)
+    function = tf.function(lambda gs: step(plan, gs, variables, runtime), autograph=False)
+    decided = []
+    for _ in range(7):
+        function(gradients())
+        decided.append(runtime.trial.read()["decided"])
+    report["trial/decided_after_warmup"] = decided
+    report["trial/steps_counted_after_warmup"] = int(runtime.trial.step.numpy())
+
 
 def train_steps(model, opt, batches):
     """Custom GradientTape loop with opt.minimize, inside a tf.function."""

@@ -64,6 +64,9 @@ def test_plan_trial_decides_alike_everywhere_and_conserves_the_gradients(reports
     assert max(trial["dense_after_choice"]) < FLOAT_TOLERANCE
     assert trial["residual_left"] == [0.0] * size
     assert trial["flush_dense_pending"] == [False] * size
+    # 2 warm-up steps, then 2 with the plan and 2 dense (trial_steps=1): the choice at the 7th.
+    assert trial["decided_after_warmup"] == [[False] * 6 + [True]] * size
+    assert trial["steps_counted_after_warmup"] == [5] * size
 
 
 def test_training_moved_the_weights(reports):

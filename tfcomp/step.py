@@ -213,7 +213,10 @@ class StepGraph:
         if runtime.trial is None:
             out = self._reduce(plan, grads, sources, runtime, "plan")
         else:
-            out = tf.cond(runtime.trial.sends_compressed(self.collectives),
+            # The trial starts once the warm-up steps (which the plan's branch sends dense) are over.
+            after_warmup = self.state.step >= self.compressor.warmup_steps
+            out = tf.cond(tf.cond(after_warmup, lambda: runtime.trial.sends_compressed(self.collectives),
+                                  lambda: tf.constant(True)),
                           lambda: self._reduce(plan, grads, sources, runtime, "plan"),
                           lambda: self._reduce(plan.all_dense(), grads, sources, runtime, "dense"))
         self.state.step.assign_add(1)

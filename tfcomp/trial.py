@@ -12,6 +12,7 @@ plan is kept only where its median step is at least `margin` (2 %) shorter than 
 otherwise every later step sends everything dense. Every rank reaches the same choice (the
 allreduced medians are the same bits on every rank).
 
+The trial counts only the steps after the compressor's warm-up (which the plan sends dense).
 The trial's variables are not training state: they live outside checkpoints (the holder is not a
 trackable object), so a restored job tries its plan again on its own network.
 """
