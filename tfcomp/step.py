@@ -195,7 +195,7 @@ class StepGraph:
         with tf.init_scope():
             if self.compressor.error_feedback:
                 sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
-                for bucket in plan.compressed + self._corrected_dense_buckets(plan, sizes):
+                for bucket in plan.compressed + self._dense_buckets_with_memory(plan, sources, sizes, flush=False):
                     for i in bucket.positions:
                         self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
                                                    self.compressor.optimizer_state)
@@ -287,25 +287,18 @@ class StepGraph:
 
     # -- dense -------------------------------------------------------------------------------------
 
-    def _corrected_dense_buckets(self, plan, sizes) -> tuple:
-        """Under DGC momentum or Adam correction, the tensors of the plan's dense buckets, as
-        one-tensor buckets (so that their moments need no concatenated copy; one grouped allreduce
-        still sends them all); otherwise none. `sizes`: elements of each gradient, by position."""
-        if not self.compressor.optimizer_state or not self.compressor.error_feedback:
-            return ()
-        return tuple(dataclasses.replace(b, positions=(i,), elements=sizes[i])
-                     for b in plan.buckets if b.strategy == "dense" for i in b.positions)
-
     def _dense_buckets_with_memory(self, plan, sources, sizes, flush: bool) -> tuple:
-        """The one-tensor buckets of the plan's dense buckets that go through error-feedback memory:
-        under momentum or Adam correction all of them, and with `flush` also every other one whose
-        tensor has a residual (to send it)."""
-        corrected = self._corrected_dense_buckets(plan, sizes)
-        if not flush or corrected or not self.compressor.error_feedback:
-            return corrected
-        memory = self.state.memory
+        """The tensors of the plan's dense buckets that go through error-feedback memory, as
+        one-tensor buckets (so that their moments need no concatenated copy; one grouped allreduce
+        per dense bucket still sends them): under DGC momentum or Adam correction all of them, and
+        with `flush` also every other one whose tensor has a residual (to send it). `sizes`:
+        elements of each gradient, by position."""
+        if not self.compressor.error_feedback:
+            return ()
+        corrected, memory = bool(self.compressor.optimizer_state), self.state.memory
         return tuple(dataclasses.replace(b, positions=(i,), elements=sizes[i])
-                     for b in plan.buckets if b.strategy == "dense" for i in b.positions if memory.has(sources[i]))
+                     for b in plan.buckets if b.strategy == "dense" for i in b.positions
+                     if corrected or (flush and memory.has(sources[i])))
 
     def _dense_factors(self):
         if self.op == hvd.Average:

@@ -3,9 +3,9 @@
 The cost model prices a plan from probes run before training; a training step is more than that
 (the backward pass overlaps a dense allreduce; four workers computing on shared cores slow
 compression down). So a plan that compresses is confirmed in training: `PlanTrial(steps)` times
-`steps + 1` steps with the plan (`TRIAL_COMPRESSED`), then `steps + 1` steps with every bucket
-sent dense (`TRIAL_DENSE`), each from the start of one step to the start of the next (the whole
-training step, forward and backward included), drops the first step of each arm (a first run of
+`steps + 1` steps with the plan, then `steps + 1` steps with every bucket sent dense, each from
+the start of one step to the start of the next (the whole training step, forward and backward
+included), drops the first step of each arm (a first run of
 its graph; the dense arm's first step also sends the residuals left by the compressed arm), and
 at the next step takes the median of each arm over all ranks (one allreduce of two float64). The
 plan is kept only where its median step is at least `margin` (2 %) shorter than dense's;
