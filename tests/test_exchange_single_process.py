@@ -162,6 +162,27 @@ def test_error_feedback_conserves_mass(rng, name):
     assert all(m.shape.num_elements() == 0 for m in exchange.memory.momenta)
 
 
+def momentum_corrected_steps(name, exchange, problem, factor, steps=4):
+    """Steps `exchange` (momentum correction `factor`) on fresh gradients and yields, for each
+    step, (grads, slices, reduced, reduced_slices, {compressed tensor: (u_new, u_stored)}), with
+    u_new = factor u_old + g (u_old the momentum stored the step before), once it has checked the
+    mass of every compressed tensor: what was sent plus the new residual v is v_old + u_new."""
+    u_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    v_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
+    for _ in range(steps):
+        grads, slices = problem.grads()
+        reduced, reduced_slices = problem.call(exchange, grads, slices)
+        moments = {}
+        for n in COMPRESSED:
+            var = problem.vars[n]
+            u_new = np.float32(factor) * u_old[n] + grads[n]
+            v_new, u_stored = residual(exchange, var), momentum(exchange, var)
+            assert_mass_conserved(name, reduced[n], v_new, v_old[n] + u_new)
+            moments[n] = (u_new, u_stored)
+            u_old[n], v_old[n] = u_stored, v_new
+        yield grads, slices, reduced, reduced_slices, moments
+
+
 @pytest.mark.parametrize("name", ["EFSignSGD", "QSGD", "IntQuant"])
 def test_quantisers_keep_the_momentum(rng, name):
     """Momentum correction with a quantiser: u <- 0.9 u + g; v <- v + u; v less what was sent is
@@ -170,19 +191,9 @@ def test_quantisers_keep_the_momentum(rng, name):
     updates."""
     factor = 0.9
     exchange = tfcomp.GradientExchange(COMPRESSORS[name](momentum=factor))
-    problem = Problem(rng)
-    u_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
-    v_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
-    for _ in range(4):
-        grads, slices = problem.grads()
-        reduced, _ = problem.call(exchange, grads, slices)
-        for n in COMPRESSED:
-            var = problem.vars[n]
-            u_new = np.float32(factor) * u_old[n] + grads[n]
-            v_new, u_stored = residual(exchange, var), momentum(exchange, var)
+    for *_, moments in momentum_corrected_steps(name, exchange, Problem(rng), factor):
+        for u_new, u_stored in moments.values():
             np.testing.assert_allclose(u_stored, u_new, rtol=1e-6, atol=1e-6)
-            assert_mass_conserved(name, reduced[n], v_new, v_old[n] + u_new)
-            u_old[n], v_old[n] = u_stored, v_new
 
 
 @pytest.mark.parametrize("name", ["DGC", "DRAGONN", "TopK", "RandomK"])
@@ -194,27 +205,19 @@ def test_momentum_correction(rng, name):
     factor = 0.9
     exchange = tfcomp.GradientExchange(COMPRESSORS[name](momentum=factor))
     problem = Problem(rng)
-    u_old = {n: np.zeros(SHAPES[n], np.float32) for n in SHAPES}
-    v_old = {n: np.zeros(SHAPES[n], np.float32) for n in COMPRESSED}
-    for _ in range(4):
-        grads, slices = problem.grads()
-        reduced, reduced_slices = problem.call(exchange, grads, slices)
-        for n in COMPRESSED:
-            var = problem.vars[n]
-            u_new = np.float32(factor) * u_old[n] + grads[n]
-            v_new, u_stored = residual(exchange, var), momentum(exchange, var)
-            assert_mass_conserved(name, reduced[n], v_new, v_old[n] + u_new)
+    u_dense = {n: np.zeros(SHAPES[n], np.float32) for n in DENSE}
+    for grads, slices, reduced, reduced_slices, moments in momentum_corrected_steps(name, exchange, problem, factor):
+        for n, (u_new, u_stored) in moments.items():
             sent = reduced[n] != 0
             assert np.any(sent) and not np.all(sent)
             np.testing.assert_array_equal(u_stored[sent], 0.0)
             np.testing.assert_allclose(u_stored[~sent], u_new[~sent], rtol=1e-6, atol=1e-6)
-            u_old[n], v_old[n] = u_stored, v_new
         for n in DENSE:
-            u_new = np.float32(factor) * u_old[n] + grads[n]
+            u_new = np.float32(factor) * u_dense[n] + grads[n]
             np.testing.assert_allclose(reduced[n], u_new, rtol=1e-6, atol=1e-6)
             np.testing.assert_array_equal(residual(exchange, problem.vars[n]), 0.0)
             np.testing.assert_allclose(momentum(exchange, problem.vars[n]), u_new, rtol=1e-6, atol=1e-6)
-            u_old[n] = u_new
+            u_dense[n] = u_new
         assert_slices_pass_through(reduced_slices, slices)  # IndexedSlices: no momentum
 
 
