@@ -206,6 +206,22 @@ def sparse_batched_decode(values: np.ndarray, indices: np.ndarray, size: int) ->
     return dense
 
 
+def hash_owner(indices: np.ndarray, num_parts: int) -> np.ndarray:
+    """The owner of each index >= 0: u = (i * 2654435761) mod 2^32, floor(u * num_parts / 2^32)."""
+    mixed = (indices.astype(np.uint64) * np.uint64(2654435761)) & np.uint64(0xFFFFFFFF)
+    return ((mixed * np.uint64(num_parts)) >> np.uint64(32)).astype(np.int64)
+
+
+def hash_partition(values: np.ndarray, indices: np.ndarray, num_parts: int):
+    """(rows int32 [n, 2], splits int32 [num_parts]): the pairs of index >= 0 sorted stably by owner,
+    each row its index and its value's float32 bits."""
+    keep = np.flatnonzero(indices >= 0)
+    owners = hash_owner(indices[keep], num_parts)
+    order = keep[np.argsort(owners, kind="stable")]
+    rows = np.stack([indices[order].astype(np.int32), values[order].astype(np.float32).view(np.int32)], axis=1)
+    return rows.reshape(-1, 2), np.bincount(owners, minlength=num_parts).astype(np.int32)
+
+
 REFERENCES = {
     "estimate_threshold": estimate_threshold,
     "dragonn_compress": dragonn_compress,

@@ -33,6 +33,7 @@ __all__ = [
     "dgc_compress",
     "dragonn_compress",
     "estimate_threshold",
+    "hash_partition",
     "int_dequantize",
     "int_quantize",
     "library_path",
@@ -50,7 +51,8 @@ _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 MAX_LENGTH = _INT32_MAX  # the longest gradient, payload or dense output: indices are int32
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
-for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode", "ZeroAt"):
+for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode", "ZeroAt",
+            "HashPartition"):
     tf.no_gradient("Tfcomp>" + _op)
 
 
@@ -340,6 +342,33 @@ def sparse_batched_decode(values, indices, size: int, name: str | None = None) -
     """
     size = _check_int("size", size, 0, MAX_LENGTH)
     return load_library().tfcomp_sparse_batched_decode(values, _indices(indices), size=size, name=name)
+
+
+def hash_partition(values, indices, num_parts: int, name: str | None = None):
+    """Sorts (value, index) pairs by the rank that owns their index, for Horovod's alltoall (the
+    hash-partitioned sparse allreduce).
+
+    The owner of index i is a hash of i that every rank and device shares: with u = (i * 2654435761)
+    mod 2^32 (Fibonacci hashing), owner = floor(u * num_parts / 2^32), so that the neighbouring
+    indices of one layer spread over all owners. Pairs with index -1 (empty slots) are dropped.
+
+    Args:
+      values: [m] float32.
+      indices: [m] int32, -1 or >= 0; an index < -1 is an InvalidArgument error.
+      num_parts: Python int in [1, 2^31 - 1], the number of owners (ranks).
+      name: optional op name.
+
+    Returns:
+      (rows, splits): rows int32 [n, 2], (index, the float32 bits of its value) of the n pairs with
+      index >= 0, owner 0's first, in input order within an owner; splits int32 [num_parts], the
+      rows of each owner.
+
+    Raises:
+      TypeError, ValueError: num_parts of the wrong type or out of range, or indices given as an
+        array or list that are not integers or do not fit int32.
+    """
+    num_parts = _check_int("num_parts", num_parts, 1, _INT32_MAX)
+    return load_library().tfcomp_hash_partition(values, _indices(indices), num_parts=num_parts, name=name)
 
 
 def _check_bits(bits) -> int:

@@ -72,6 +72,12 @@ struct IntQuantizeLauncher;
 template <typename Device>
 struct IntDequantizeLauncher;
 
+// hash_partition: Count fills counts (num_parts int32, host memory) with the pairs of index >= 0 per
+// owner (HashOwner) and *bad_position with the first index < -1 (-1: none); Write then fills rows
+// (int32 [sum of counts, 2]: index, value bits), owner by owner, stable within an owner.
+template <typename Device>
+struct HashPartitionLauncher;
+
 #if TFCOMP_CUDA
 template <typename T>
 struct EstimateThresholdLauncher<GpuDevice, T> {

@@ -254,6 +254,34 @@ size: elements to unpack, at most 2^31 - 1.
 dense: float32 [size].
 )doc");
 
+REGISTER_OP("Tfcomp>HashPartition")
+    .Input("values: float")
+    .Input("indices: int32")
+    .Output("rows: int32")
+    .Output("splits: int32")
+    .Attr("num_parts: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RequireRank(c, 0, "values", 1));
+      TF_RETURN_IF_ERROR(RequireRank(c, 1, "indices", 1));
+      int64_t num_parts;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_parts", &num_parts));
+      c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, 2));
+      c->set_output(1, c->Vector(num_parts));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+Partitions (value, index) pairs among num_parts owners by a hash of the index that every rank
+shares (Fibonacci hashing, so that one layer's neighbouring indices spread over all owners), for
+the hash-partitioned sparse allreduce: `rows` and `splits` are what Horovod's alltoall takes.
+Pairs with index -1 (empty slots) are dropped; an index < -1 is an InvalidArgument error.
+
+values: [m] float32.
+indices: [m] int32, -1 or a flat index >= 0.
+rows: [n, 2] int32: (index, the float32 bits of its value) of the n pairs with index >= 0, owner 0's
+  first, then owner 1's, ..., in input order within an owner.
+splits: [num_parts] int32: how many rows each owner gets.
+)doc");
+
 }  // namespace tfcomp
 
 // What this library was built against, read from the file by tfcomp/ops.py before loading it, so

@@ -1,0 +1,70 @@
+// Tfcomp>HashPartition: the OpKernel and its CPU launcher.
+#include <vector>
+
+#include "ops/cc/kernels/checks.h"
+#include "ops/cc/kernels/launchers.h"
+#include "ops/cc/lib/partition.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tfcomp {
+
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+
+template <>
+struct HashPartitionLauncher<CpuDevice> {
+  Status Count(OpKernelContext* context, const Tensor& indices, int32_t num_parts, int32_t* counts,
+               int64_t* bad_position) const {
+    *bad_position = CountPairsPerOwner(indices.flat<int32_t>().data(), indices.NumElements(), num_parts, counts);
+    return ::tensorflow::OkStatus();
+  }
+
+  Status Write(OpKernelContext* context, const Tensor& values, const Tensor& indices, int32_t num_parts,
+               const int32_t* counts, Tensor* rows) const {
+    std::vector<int64_t> cursor(num_parts);
+    WriteRowsByOwner(values.flat<float>().data(), indices.flat<int32_t>().data(), indices.NumElements(), num_parts,
+                     counts, cursor.data(), rows->flat<int32_t>().data());
+    return ::tensorflow::OkStatus();
+  }
+};
+
+namespace {
+
+// values [m] float32, indices [m] int32 -> rows [n, 2] int32, splits [num_parts] int32.
+template <typename Device>
+class HashPartitionOp : public ::tensorflow::OpKernel {
+ public:
+  explicit HashPartitionOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("num_parts", &num_parts_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& values = context->input(0);
+    const Tensor& indices = context->input(1);
+    OP_REQUIRES_OK(context, CheckDecodePairs(values, indices));
+    Tensor* splits = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(1, {num_parts_}, &splits));
+    int32_t* counts = splits->flat<int32_t>().data();
+    int64_t bad_position = -1;
+    const HashPartitionLauncher<Device> launcher;
+    OP_REQUIRES_OK(context, launcher.Count(context, indices, num_parts_, counts, &bad_position));
+    OP_REQUIRES(context, bad_position < 0,
+                ::tensorflow::errors::InvalidArgument("indices[", bad_position, "] = ",
+                                                      indices.flat<int32_t>()(bad_position),
+                                                      " is negative (valid: -1 for an empty slot, or >= 0)"));
+    int64_t total = 0;
+    for (int32_t p = 0; p < num_parts_; ++p) total += counts[p];
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, {total, 2}, &rows));
+    OP_REQUIRES_OK(context, launcher.Write(context, values, indices, num_parts_, counts, rows));
+  }
+
+ private:
+  int32_t num_parts_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Tfcomp>HashPartition").Device(::tensorflow::DEVICE_CPU), HashPartitionOp<CpuDevice>);
+
+}  // namespace
+}  // namespace tfcomp
