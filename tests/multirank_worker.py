@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import os
+import math
 import tempfile
 
 import numpy as np
@@ -20,6 +21,8 @@ import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
 import tfcomp
+from tests import numpy_reference as ref
+from tfcomp import planning
 
 __all__ = []
 
@@ -42,6 +45,9 @@ COMPRESSORS = {
     "TopK AR-Topk VAR": lambda: tfcomp.TopK(0.05, strategy="artopk", artopk_owner="var"),
     "RandomK buckets": lambda: tfcomp.RandomK(0.05, strategy="allreduce"),
     "IntQuant buckets": lambda: tfcomp.IntQuant(4, strategy="allreduce"),
+    "DRAGONN partitioned": lambda: tfcomp.DRAGONN(0.05, strategy="partitioned"),
+    "DGC+momentum partitioned, limit 0.5": lambda: tfcomp.DGC(0.05, momentum=0.9, strategy="partitioned",
+                                                              union_limit=0.5),
     "DRAGONN auto plan": lambda: tfcomp.DRAGONN(0.05),
     # Tried in training (where the plan compresses): 2 steps with it, 2 dense, the choice at the 5th of 8.
     "DRAGONN auto plan, tried": lambda: tfcomp.DRAGONN(0.05, trial_steps=1),
@@ -436,6 +442,63 @@ def check_planning(report):
         tfcomp.planning.make_plan = original_make_plan
 
 
+def partitioned_reference(accumulated, k: int, union_limit, num_workers: int) -> list:
+    """NumPy reference of the hash-partitioned sparse allreduce of TopK(k) payloads, given every
+    worker's accumulated tensors (accumulated[w][t], float32 [n] each): the averaged totals, per
+    tensor. Tensors are joined in one index space in order; each owner (`hash_owner`) sums its
+    pairs per index in rank, then payload order, and keeps its ceil(union_limit * k * tensors / K)
+    sums largest in magnitude (all of them without a limit)."""
+    sizes = [a.size for a in accumulated[0]]
+    offsets = np.cumsum([0] + sizes[:-1])
+    owned = [{} for _ in range(num_workers)]
+    for tensors in accumulated:
+        for a, offset in zip(tensors, offsets):
+            values, indices = ref.topk_compress(a, k)
+            joint = indices.astype(np.int64) + offset
+            for v, i, owner in zip(values, joint, ref.hash_owner(joint, num_workers)):
+                owned[owner][int(i)] = np.float32(owned[owner].get(int(i), np.float32(0)) + v)
+    total = np.zeros(sum(sizes), np.float32)
+    for sums in owned:
+        ranked = sorted(sums, key=lambda i: -abs(float(sums[i])))
+        if union_limit is not None:
+            ranked = ranked[:max(1, math.ceil(union_limit * k * len(sizes) / num_workers))]
+        for i in ranked:
+            total[i] = sums[i] / np.float32(num_workers)
+    return np.split(total, offsets[1:])
+
+
+def check_partitioned(report):
+    """The hash-partitioned sparse allreduce against `partitioned_reference` over three steps (the
+    later ones with the residuals the earlier left), with an owner budget and without: every rank's
+    reduced tensors, and its new residuals (accumulated, cleared where its pairs reached the result)."""
+    num_workers, rank, size, k = hvd.size(), hvd.rank(), 600, 30
+    for union_limit in (0.5, None):
+        compressor = tfcomp.TopK(k / size, union_limit=union_limit, min_elements=1, strategy="partitioned")
+        plan = planning.per_tensor_plan([(0, "a", size), (1, "b", size)], compressor,
+                                        tfcomp.cost_model.ClusterModel.unpriced(num_workers))
+        exchange = tfcomp.GradientExchange(compressor, plan=plan)
+        variables = [tf.Variable(tf.zeros([size])) for _ in range(2)]
+        rng = np.random.default_rng(500 + rank)
+        worst_total = worst_residual = 0.0
+        for _ in range(3):
+            residuals = [exchange.memory.residual(v, size).numpy() if exchange.memory.has(v) else np.zeros(size, np.float32)
+                         for v in variables]
+            grads = [rng.standard_normal(size).astype(np.float32) for _ in variables]
+            mine = [g + r for g, r in zip(grads, residuals)]
+            everyone = hvd_tf.allgather(tf.constant(np.stack(mine)[None])).numpy()
+            totals = partitioned_reference([list(w) for w in everyone], k, union_limit, num_workers)
+            reduced = exchange([tf.constant(g) for g in grads], variables)
+            for out, expected, acc, v in zip(reduced, totals, mine, variables):
+                worst_total = max(worst_total, float(np.max(np.abs(out.numpy() - expected))))
+                _, indices = ref.topk_compress(acc, k)
+                expected_residual = acc.copy()
+                expected_residual[indices[expected[indices] != 0]] = 0.0
+                worst_residual = max(worst_residual, float(np.max(np.abs(
+                    exchange.memory.residual(v, size).numpy() - expected_residual))))
+        report[f"partitioned_total/limit={union_limit}"] = worst_total
+        report[f"partitioned_residual/limit={union_limit}"] = worst_residual
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -443,7 +506,7 @@ def main():
     hvd.init()
     report = {"size": hvd.size(), "rank": hvd.rank()}
     for check in (check_exchange_semantics, check_training, check_trial, check_embedding, check_checkpoint,
-                  check_loss_scale_skip, check_planning):
+                  check_loss_scale_skip, check_planning, check_partitioned):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

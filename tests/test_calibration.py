@@ -11,6 +11,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 import tfcomp
+from tests import numpy_reference
 from tfcomp import calibration, planning
 from tfcomp import cost_model as cm
 from tfcomp.collectives import LocalCollectives
@@ -66,6 +67,25 @@ def test_local_collectives_give_k_copies_of_what_this_worker_sent(rng, make):
         assert 0 < np.count_nonzero(sent) < size
     else:  # QSGD: unbiased levels of the norm, K copies of the same quantised tensor
         assert np.all(np.abs(total.numpy()) <= copies * np.linalg.norm(grad) * (1 + 1e-6))
+
+
+@pytest.mark.parametrize("union_limit", [0.5, None])
+def test_local_collectives_run_the_partitioned_exchange(rng, union_limit):
+    """With stand-ins, rank 0's share comes back from K senders to the owner (K times each sum)
+    and K times from the allgather: K^2 times this worker's pairs of owner 0, at most its budget."""
+    compressor = tfcomp.TopK(0.05, strategy="partitioned", union_limit=union_limit, min_elements=1)
+    size, workers = 5000, 4
+    plan = planning.per_tensor_plan([(0, "v", size)], compressor, cm.ClusterModel.unpriced(workers))
+    exchange = tfcomp.GradientExchange(compressor, op=hvd.Sum, plan=plan, collectives=LocalCollectives(workers))
+    variable = tf.Variable(tf.zeros([size]))
+    grad = rng.standard_normal(size).astype(np.float32)
+    total, = exchange([tf.constant(grad)], [variable])
+    sent = grad - exchange.memory.residuals[0].numpy()
+    np.testing.assert_array_equal(total.numpy(), workers * workers * sent)
+    chosen = np.flatnonzero(sent)
+    assert np.all(numpy_reference.hash_owner(chosen, workers) == 0)
+    budget = compressor.owner_budget(compressor.payload_length(size), workers)
+    assert 0 < chosen.size <= (budget or size)
 
 
 def compressor_with_min_elements_1(compressor):

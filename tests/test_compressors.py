@@ -384,6 +384,19 @@ def test_planning_and_strategy_arguments():
         tfcomp.DGC(artopk_owner="max")
 
 
+def test_union_limit_sets_the_owners_budget():
+    assert tfcomp.DRAGONN().union_limit == 1.0 and tfcomp.TopK(union_limit=None).union_limit is None
+    assert tfcomp.DGC(strategy="partitioned", union_limit=2).union_limit == 2.0
+    assert tfcomp.DRAGONN(union_limit=2.5).owner_budget(1000, 8) == 313  # ceil(2.5 * 1000 / 8)
+    assert tfcomp.TopK(union_limit=1e-9).owner_budget(10, 4) == 1
+    assert tfcomp.TopK(union_limit=None).owner_budget(10, 4) is None
+    for bad in (0, -1.0, float("nan"), float("inf"), "1", True, 2.0**31):
+        with pytest.raises(ValueError, match=r"union_limit must be None or a number in \(0, 2\^31 - 1\], got"):
+            tfcomp.DRAGONN(union_limit=bad)
+    with pytest.raises(ValueError, match="strategy must be None or one of .* for RandomK, got 'partitioned'"):
+        tfcomp.RandomK(strategy="partitioned")
+
+
 def test_defaults():
     assert tfcomp.DRAGONN().ratio == 0.001 and tfcomp.DGC().ratio == 0.001 and tfcomp.TopK().ratio == 0.001
     assert tfcomp.RandomK().ratio == 0.01 and tfcomp.QSGD().bits == 4

@@ -33,6 +33,8 @@ COMPRESSORS = {
     "EFSignSGD": lambda **kw: tfcomp.EFSignSGD(planning="off", min_elements=MIN_ELEMENTS, **kw),
     "QSGD": lambda **kw: tfcomp.QSGD(4, error_feedback=True, planning="off", min_elements=MIN_ELEMENTS, **kw),
     "IntQuant": lambda **kw: tfcomp.IntQuant(4, planning="off", min_elements=MIN_ELEMENTS, **kw),
+    "DRAGONN-partitioned": lambda **kw: tfcomp.DRAGONN(RATIO, planning="off", min_elements=MIN_ELEMENTS,
+                                                       strategy="partitioned", **kw),
 }
 SPARSIFIERS = ("DRAGONN", "DRAGONN-sampled", "DGC", "TopK", "RandomK")
 
@@ -457,6 +459,8 @@ NAN_CASES = {
     "EFSignSGD": lambda: COMPRESSORS["EFSignSGD"](),
     "QSGD": lambda: COMPRESSORS["QSGD"](),
     "DRAGONN-warmup": lambda: COMPRESSORS["DRAGONN"](warmup_steps=2),
+    # The flag of a payload that need not show its NaN reaches the sum through the allgather's flag rows.
+    "DGC-partitioned": lambda: COMPRESSORS["DGC"](strategy="partitioned", union_limit=0.5),
 }
 
 

@@ -93,8 +93,17 @@ def test_reduced_gradient_is_the_average_of_what_workers_sent(reports):
     worst = values(reports, "average_of_sent")
     assert {"DRAGONN", "DGC", "TopK", "RandomK", "EFSignSGD", "QSGD+EF", "IntQuant", "DGC+momentum",
             "DRAGONN buckets", "DRAGONN AR-Topk STAR", "TopK AR-Topk VAR", "RandomK buckets",
-            "IntQuant buckets"} <= set(worst)
+            "IntQuant buckets", "DRAGONN partitioned", "DGC+momentum partitioned, limit 0.5"} <= set(worst)
     assert {n: w for n, w in worst.items() if max(w) > (FP16_TOLERANCE if n == "FP16" else FLOAT_TOLERANCE)} == {}
+
+
+def test_partitioned_allreduce_matches_its_numpy_reference(reports):
+    # Every rank's reduced tensors and residuals over three steps, with an owner budget that drops
+    # sums and without one, against the NumPy reference of the protocol (same summation order).
+    totals, residuals = values(reports, "partitioned_total"), values(reports, "partitioned_residual")
+    assert set(totals) == set(residuals) == {"limit=0.5", "limit=None"}
+    assert {n: w for n, w in totals.items() if max(w) > FLOAT_TOLERANCE} == {}
+    assert {n: w for n, w in residuals.items() if max(w) > FLOAT_TOLERANCE} == {}
 
 
 def test_without_compression_and_with_dragonn_ratio_1_equals_horovod(reports):

@@ -69,10 +69,27 @@ def test_slow_network_compresses_the_big_tensors_fast_network_sends_dense():
 
 def test_many_workers_prefer_artopk_and_one_worker_sends_dense():
     sizes = [2**22]
-    many = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), cluster(workers=64, gbps=10.0, latency=1e-6))
+    # Lossless partitioning (no union limit) is priced at its worst case, an allgather's traffic and more.
+    lossless = tfcomp.DRAGONN(0.01, union_limit=None)
+    many = planning.make_plan(backprop(sizes), lossless, cluster(workers=64, gbps=10.0, latency=1e-6))
     assert [b.strategy for b in many.buckets] == ["artopk"]  # allgather grows with K, AR-Topk does not
     alone = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), cluster(workers=1))
     assert [b.strategy for b in alone.buckets] == ["dense"]
+
+
+@pytest.mark.parametrize("workers, expected", [(2, "allgather"), (4, "partitioned"), (8, "partitioned"),
+                                               (64, "partitioned")])
+def test_partitioned_allreduce_where_its_owner_budget_cuts_the_traffic(workers, expected):
+    """Each worker's traffic: allgather (K-1) k pairs; partitioned (K-1)/K k pairs to the owners
+    plus (K-1) ceil(k/K) sums and a flag from them (union limit 1): 4x fewer at K = 8; at K = 2 the
+    same bytes in two collectives."""
+    compressor = tfcomp.DRAGONN(0.01)
+    plan = planning.make_plan(backprop([2**22]), compressor, cluster(workers=workers, gbps=1.0, latency=1e-5))
+    assert [b.strategy for b in plan.buckets] == [expected]
+    net = cm.Network(0.0, 1.0)  # seconds = bytes
+    k = compressor.payload_length(2**22)
+    ratio = cm.ring_allgather(8 * k, workers, net) / cm.partitioned_allreduce(compressor, [2**22], workers, net)
+    assert ratio == pytest.approx(k / (k / workers + math.ceil(k / workers) + 1))
 
 
 def test_forced_strategy_and_planning_off():

@@ -1,6 +1,7 @@
 """`python -m tfcomp.whatif`: predictions against the cost model's formulas, JSON, plot, profiles, errors."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ def test_json_matches_the_formulas(rng):
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     rows = {r["name"]: r for r in out["strategies"]}
-    assert set(rows) == {"dense_ring_allreduce", "allgather", "artopk_ring", "artopk_tree"}
+    assert set(rows) == {"dense_ring_allreduce", "allgather", "artopk_ring", "artopk_tree", "partitioned"}
     net = cm.Network(1e-3, 1.25e9)
     k = round(0.001 * params)
     assert rows["dense_ring_allreduce"]["communication_s"] == pytest.approx(cm.ring_allreduce(4 * params, workers, net))
@@ -35,6 +36,9 @@ def test_json_matches_the_formulas(rng):
     assert rows["allgather"]["communication_s"] == pytest.approx(cm.ring_allgather(8 * k + 4, workers, net))
     assert rows["artopk_ring"]["communication_s"] == pytest.approx(cm.artopk_ring(4 * k, 4 * k + 4, workers, net))
     assert rows["artopk_tree"]["communication_s"] == pytest.approx(cm.artopk_tree(4 * k, 4 * k + 4, workers, net))
+    owned = math.ceil(k / workers)  # DRAGONN's default union_limit 1: k sums kept in all
+    assert rows["partitioned"]["communication_s"] == pytest.approx(
+        (workers - 1) * net.hop(8 * k / workers) + cm.ring_allgather(8 * owned + 8, workers, net))
     for row in out["strategies"]:
         assert row["total_s"] == pytest.approx(row["communication_s"] + row["compression_s"])
         assert row["runs_in_tfcomp"] == (row["name"] != "artopk_tree")

@@ -58,7 +58,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfcomp.collectives import HorovodCollectives, LocalCollectives
-from tfcomp.compressors import DEFAULT_MIN_ELEMENTS, DEFAULT_TRIAL_STEPS
+from tfcomp.compressors import DEFAULT_MIN_ELEMENTS, DEFAULT_TRIAL_STEPS, DEFAULT_UNION_LIMIT
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 from tfcomp.memory import ExchangeState
 from tfcomp.planning import Bucket, Plan, all_dense_time, make_plan, predicted_exchange_time
@@ -252,14 +252,15 @@ def cost_settings(compressor):
     """`compressor` less the settings that do not change what compressing costs: a copy with no
     warm-up (whose dense steps the probes would otherwise time instead of compression), the
     default planning, strategy, min_elements and trial (which choose buckets, not their cost) and, for
-    AR-Topk, the round-robin owner (the probes use the compressor's own collective). What the
+    the sparsifiers, AR-Topk's round-robin owner and the default union limit (the probes use the
+    compressor's own collective). What the
     probes run and what the cache is keyed by, so that changing those settings measures nothing
     again."""
     probe = copy.copy(compressor)
     probe.warmup_steps, probe.planning, probe.strategy, probe.min_elements = 0, "auto", None, DEFAULT_MIN_ELEMENTS
     probe.trial_steps = DEFAULT_TRIAL_STEPS
     if hasattr(probe, "artopk_owner"):
-        probe.artopk_owner = "star"
+        probe.artopk_owner, probe.union_limit = "star", DEFAULT_UNION_LIMIT
     return probe
 
 

@@ -2,7 +2,7 @@
 
 `HorovodCollectives` (over a Horovod process set) and `LocalCollectives` (stand-ins that send
 nothing, for timing the compression work alone) give the step graph the same interface: grouped
-allgather, grouped sum allreduce and broadcast, inside or outside a `tf.function`.
+allgather, grouped sum allreduce, broadcast and alltoall, inside or outside a `tf.function`.
 `allgather_integers` and `broadcast_floats` run eagerly, outside any training step, on every rank
 of a process set at the same point: the plan's agreement checks and calibration use them.
 """
@@ -55,11 +55,16 @@ class HorovodCollectives:
     def broadcast(self, tensor, root: int, name: str):
         return hvd.broadcast(tensor, root, process_set=self.process_set, name=name)
 
+    def alltoall(self, tensor, splits):
+        """(received, received_splits): rows splits[r] of `tensor`, in order, go to rank r; every
+        rank's rows for this one arrive in rank order."""
+        return hvd.alltoall(tensor, splits=splits, process_set=self.process_set)
+
 
 class LocalCollectives:
     """Stand-ins that communicate nothing, for timing the compression work of `size` workers
     (calibration): allgather returns this worker's tensor repeated `size` times, allreduce returns
-    it as it is, broadcast returns the tensor."""
+    it as it is, broadcast returns the tensor, alltoall rank 0's rows repeated `size` times."""
 
     def __init__(self, size: int):
         self.size, self.rank = size, 0
@@ -73,6 +78,11 @@ class LocalCollectives:
     def broadcast(self, tensor, root: int, name: str):
         del root, name
         return tf.identity(tensor)
+
+    def alltoall(self, tensor, splits):
+        """Rank 0's share of `tensor` (its first splits[0] rows), as if every worker sent the same."""
+        mine = tensor[:splits[0]]
+        return tf.concat([mine] * self.size, axis=0), tf.fill([self.size], splits[0])
 
     def included(self) -> bool:
         return True

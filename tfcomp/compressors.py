@@ -47,10 +47,12 @@ __all__ = [
     "TopK",
     "as_compressor",
     "check_compression",
+    "scale_values",
 ]
 
 DEFAULT_MIN_ELEMENTS = 1024
 DEFAULT_TRIAL_STEPS = 10
+DEFAULT_UNION_LIMIT = 1.0
 
 
 class Encoded(NamedTuple):
@@ -110,7 +112,7 @@ def _check_adam(adam):
                      f"the betas in [0, 1) and epsilon a finite number > 0, got {adam!r}")
 
 
-def _scaled(payload_values, scale: float):
+def scale_values(payload_values, scale: float):
     """`payload_values` times `scale` (a payload's values or per-worker scales, K·k or K elements:
     the decode's averaging costs no pass over its dense result), unchanged for 1."""
     return payload_values if scale == 1.0 else payload_values * scale
@@ -146,7 +148,7 @@ class Compressor:
         (`tfcomp.planning`); "off": every tensor of at least `min_elements` elements is compressed
         on its own, smaller ones are sent dense.
       strategy: None (default: the cost model chooses per bucket) or one of "dense", "allgather",
-        "allreduce", "artopk" to force it for every compressed bucket (see
+        "allreduce", "artopk", "partitioned" to force it for every compressed bucket (see
         `tfcomp.cost_model.available_strategies`).
       min_elements: with planning="off", tensors with fewer elements are sent dense (1 to 2^63 - 1).
       trial_steps: with planning="auto" and no forced strategy, a plan that compresses is tried in
@@ -273,15 +275,26 @@ class Compressor:
 class _Sparsifier(Compressor):
     """Payload (values [m] float32, indices [m] int32, -1 = empty); decode: one batched decode."""
 
-    def __init__(self, ratio, *, error_feedback=True, artopk_owner="star", **kwargs):
+    def __init__(self, ratio, *, error_feedback=True, artopk_owner="star", union_limit=DEFAULT_UNION_LIMIT, **kwargs):
         self.ratio = _check_ratio(ratio)
         if artopk_owner not in ("star", "var"):
             raise ValueError(f"artopk_owner must be 'star' (round-robin) or 'var' (max variance), got {artopk_owner!r}")
         self.artopk_owner = artopk_owner
+        if union_limit is not None and not (_is_real(union_limit) and 0 < union_limit <= _INT32_MAX):
+            raise ValueError(f"union_limit must be None or a number in (0, 2^31 - 1], got {union_limit!r}")
+        self.union_limit = None if union_limit is None else float(union_limit)
         super().__init__(error_feedback=error_feedback, **kwargs)
 
     def payload_length(self, size: int) -> int:
         return _num_selected(self.ratio, size)
+
+    def owner_budget(self, pairs: int, num_workers: int) -> int | None:
+        """The most summed elements each of `num_workers` owners of a hash-partitioned sparse
+        allreduce keeps, where every worker sends payloads of `pairs` slots in all (k):
+        ceil(union_limit * k / K); None without a limit (the owner's whole union, lossless)."""
+        if self.union_limit is None:
+            return None
+        return max(1, math.ceil(self.union_limit * pairs / num_workers))
 
     def payload_bytes(self, size: int) -> int:
         return 8 * self.payload_length(size)
@@ -292,7 +305,7 @@ class _Sparsifier(Compressor):
 
     def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         values, indices = wire
-        return ops.sparse_batched_decode(_scaled(values, scale), indices, size)
+        return ops.sparse_batched_decode(scale_values(values, scale), indices, size)
 
     def sent_pairs(self, encoded):
         return encoded.wire
@@ -309,6 +322,13 @@ class DRAGONN(_Sparsifier):
       num_samples: elements sampled to estimate the threshold, 1 to 2^31 - 1. Default 65536.
       artopk_owner: whose indices AR-Topk buckets use (003 Alg. 1): "star" (round-robin over the
         steps, default) or "var" (the worker whose accumulated gradient has the largest variance).
+      union_limit: in the hash-partitioned sparse allreduce ("partitioned" buckets), the reduced
+        result keeps at most union_limit * k of the summed elements, k the payload's slots: each of
+        the K owners its ceil(union_limit * k / K) largest in magnitude; what an owner drops stays
+        in its senders' residuals (with error feedback). None keeps the whole union of the
+        workers' indices (lossless; its traffic then depends on how much they overlap, and the
+        cost model prices the worst case). Default 1.0: the k largest sums of the union (as
+        gTop-k), a number in (0, 2^31 - 1].
       error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see `Compressor`.
         Default error feedback on, no momentum or Adam correction, no warm-up, cost-model planning.
     Each worker hashes with its own seed, which changes every step.
@@ -353,7 +373,7 @@ class DGC(_Sparsifier):
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
       num_samples: elements sampled to estimate the threshold, 1 to 2^31 - 1. Default 65536.
-      artopk_owner, error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see
+      artopk_owner, union_limit, error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see
         `DRAGONN` and `Compressor`.
     """
 
@@ -371,7 +391,7 @@ class TopK(_Sparsifier):
 
     Args:
       ratio: fraction of elements to send, in (0, 1]. Default 0.001.
-      artopk_owner, error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see
+      artopk_owner, union_limit, error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see
         `DRAGONN` and `Compressor`.
     """
 
@@ -415,7 +435,7 @@ class RandomK(Compressor):
         return ops.sparse_batched_decode(encoded.wire[0], encoded.context, size)
 
     def decode_sum(self, wire, context, size, num_workers, scale=1.0):
-        return ops.sparse_batched_decode(_scaled(wire[0], scale), context, size)
+        return ops.sparse_batched_decode(scale_values(wire[0], scale), context, size)
 
     def sent_pairs(self, encoded):
         return encoded.wire[0], encoded.context
@@ -459,7 +479,7 @@ class EFSignSGD(Compressor):
     def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         # One worker at a time into the total: one dense float32 tensor in flight, not K.
         packed, magnitudes = wire
-        scale = _scaled(magnitudes, scale)
+        scale = scale_values(magnitudes, scale)
         packed = tf.reshape(packed, [num_workers, -1])
         total = self._unpack(packed[0], scale[0], size)
         for worker in range(1, num_workers):
@@ -511,7 +531,7 @@ class QSGD(Compressor):
     def decode_sum(self, wire, context, size, num_workers, scale=1.0):
         # One worker at a time into the total: one dense float32 tensor in flight, not K.
         levels, norm = wire
-        norm = _scaled(norm, scale)
+        norm = scale_values(norm, scale)
         levels = tf.reshape(levels, [num_workers, -1])
         total = self._dequantise(levels[0], norm[0])
         for worker in range(1, num_workers):

@@ -9,6 +9,9 @@ Times are in seconds, sizes in bytes. A `Network` has a one-way latency alpha (s
   ring allgather, S per worker (K-1) (alpha + S / B)
   AR-Topk, ring (003 Eq. 4a)   broadcast of the indices + ring allreduce of the values
   AR-Topk, tree (003 Eq. 4b)   broadcast of the indices + tree allreduce of the values
+  alltoall, S per worker       (K-1) (alpha + S / (K B))
+  hash-partitioned sparse      alltoall of the k pairs + ring allgather of each owner's kept sums
+    allreduce
 
 Encode and decode times are affine in the number of elements, c0 + c1 * d (001 Assumption 5),
 fitted from measurements with `AffineCost.fit`. The 004 Eq. 1 test says compression pays for a
@@ -47,6 +50,7 @@ __all__ = [
     "horovod_dense_finish",
     "overlapped_dense_iteration",
     "strategy_time",
+    "alltoall",
     "artopk_ring",
     "artopk_tree",
     "broadcast",
@@ -54,6 +58,7 @@ __all__ = [
     "parse_bandwidth",
     "parse_count",
     "parse_latency",
+    "partitioned_allreduce",
     "ring_allgather",
     "ring_allreduce",
     "tree_allreduce",
@@ -161,6 +166,24 @@ def artopk_ring(index_bytes: float, value_bytes: float, workers: int, network: N
     return broadcast(index_bytes, workers, network) + ring_allreduce(value_bytes, workers, network)
 
 
+def alltoall(bytes_per_worker: float, workers: int, network: Network) -> float:
+    """(K-1) (alpha + S / (K B)): each worker sends a K-th of its S bytes to each other one, one
+    message after another (as Gloo's pairwise exchange does)."""
+    k = _check_workers(workers)
+    return (k - 1) * network.hop(bytes_per_worker / k)
+
+
+def partitioned_allreduce(compressor, bucket_elements, workers: int, network: Network) -> float:
+    """The hash-partitioned sparse allreduce of buckets of `bucket_elements` float32 elements: an
+    alltoall of every worker's k pairs (8 bytes each, k the payload's slots), then a ring allgather
+    of each owner's summed pairs: at most its owner budget (`compressor.owner_budget`), or, without
+    one, k (its share of the worst case, a union of K k indices), plus its non-finite flag (one pair)."""
+    pairs = sum(compressor.payload_length(n) for n in bucket_elements)
+    budget = compressor.owner_budget(pairs, workers)
+    owned = pairs if budget is None else min(budget, pairs)
+    return alltoall(8 * pairs, workers, network) + ring_allgather(8 * owned + 8, workers, network)
+
+
 def artopk_tree(index_bytes: float, value_bytes: float, workers: int, network: Network) -> float:
     """AR-Topk with tree reduction (003 Eq. 4b)."""
     return broadcast(index_bytes, workers, network) + tree_allreduce(value_bytes, workers, network)
@@ -249,18 +272,20 @@ UNMEASURED = Network(0.0, 1e15)  # a network nobody measured: transfers on it ta
 #   allgather  the compressor's payload from every worker (004), decoded together
 #   allreduce  payloads that add up: RandomK's values at indices drawn from a shared seed
 #   artopk     AR-Topk (003 Alg. 1): one owner's indices broadcast, values at them allreduced
-STRATEGIES = ("dense", "allgather", "allreduce", "artopk")
+#   partitioned  hash-partitioned sparse allreduce: pairs sent to their index's owner by one
+#              alltoall, summed there (at most the compressor's owner budget kept), shared by one allgather
+STRATEGIES = ("dense", "allgather", "allreduce", "artopk", "partitioned")
 
 
 def available_strategies(compressor) -> tuple:
-    """The strategies a compressor can run: dense always; its own collective; AR-Topk for the
-    index-value sparsifiers (DRAGONN, DGC, TopK)."""
+    """The strategies a compressor can run: dense always; its own collective; AR-Topk and the
+    hash-partitioned sparse allreduce for the index-value sparsifiers (DRAGONN, DGC, TopK)."""
     if compressor.collective == "dense":
         return ("dense",)
     if compressor.collective == "allreduce":
         return ("dense", "allreduce")
     if hasattr(compressor, "payload_length"):
-        return ("dense", "allgather", "artopk")
+        return ("dense", "allgather", "artopk", "partitioned")
     return ("dense", "allgather")
 
 
@@ -392,7 +417,7 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     float per worker, its agreed scale; the exchange gathers all buckets' at once). artopk:
     broadcast of the owner's k int32 indices plus a ring (or, with tree=True, tree) allreduce of k
     float32 values, plus an allgather of one float per worker when the owner is the max-variance
-    worker (VAR). Each tensor in a collective adds cluster.per_tensor (a compressed bucket sends
+    worker (VAR). partitioned: `partitioned_allreduce`. Each tensor in a collective adds cluster.per_tensor (a compressed bucket sends
     WIRE_TENSORS); each tensor of a compressed bucket adds cluster.compression_per_tensor to its
     compression, and merging more than one tensor costs cluster.merge_per_element per element
     (concatenate, split). A compressed bucket `alone` in its exchange also pays
@@ -422,6 +447,9 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
             # IntQuant: the scales' allgather, priced for each bucket (an upper bound: one per step)
             communication += ring_allgather(4, k, cluster.allgather)
         return StrategyTime(communication + bookkeeping, compression)
+    if strategy == "partitioned":
+        return StrategyTime(partitioned_allreduce(compressor, [elements], k, cluster.allgather) + bookkeeping,
+                            compression)
     selected = 4 * compressor.payload_length(elements)
     reduce = tree_allreduce if tree else ring_allreduce
     communication = broadcast(selected, k, cluster.allgather) + reduce(selected + _NON_FINITE_COUNT_BYTES, k, cluster.allreduce)

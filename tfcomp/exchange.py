@@ -279,7 +279,7 @@ class GradientExchange(tf.Module):
                 records.append(TensorRecord(name, size, "sparse allgather", dense_bytes, -1, number))
             elif bucket is not None and bucket.strategy != "dense":
                 # The bucket's payload, shared out by elements.
-                sent = round(wire_bytes(compressor, bucket) * size / bucket.elements)
+                sent = round(wire_bytes(compressor, bucket, self._collectives.size) * size / bucket.elements)
                 records.append(TensorRecord(name, size, f"{type(compressor).__name__} {bucket.strategy}",
                                             dense_bytes, sent, number))
             elif isinstance(compressor, FP16) and g.dtype.is_floating:

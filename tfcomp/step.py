@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from tfcomp import ops
 from tfcomp.collectives import grouped_by_dtype
-from tfcomp.compressors import FP16
+from tfcomp.compressors import FP16, scale_values
 from tfcomp.counters import tensor_bytes
 from tfcomp.trial import PlanTrial
 
@@ -83,6 +83,34 @@ class _Unsummed(NamedTuple):
 
     def total(self) -> tf.Tensor:
         return self.grad + self.residual
+
+
+class _Partitioned(NamedTuple):
+    """What the hash-partitioned sparse allreduce gives every rank: the reduced pairs (int32 and
+    float32 [u], in the buckets' joint index space; index -1 rows carry the workers' flags) and
+    whether any worker flagged a non-finite value or an owner's sum overflowed (bool scalar)."""
+
+    indices: tf.Tensor
+    values: tf.Tensor
+    flagged: tf.Tensor
+
+    def local_indices(self, offset: int, size: int) -> tf.Tensor:
+        """int32 [u]: the pairs' indices within the bucket of `size` elements at `offset`; -1 elsewhere."""
+        if offset == 0:
+            return tf.where(self.indices < size, self.indices, -1)
+        inside = (self.indices >= offset) & (self.indices < offset + size)
+        return tf.where(inside, self.indices - offset, -1)
+
+
+def _kept_by_owners(sent, total):
+    """(values, indices): this worker's sent pairs that reached the reduced result, the others'
+    values zero (error feedback clears the former and keeps the latter). A pair counts as kept
+    where the reduced `total` (float32 [size]) is not zero: every worker's pair at a kept index
+    went into its sum, and where a kept sum is exactly zero, keeping every contribution in the
+    residuals conserves the same mass."""
+    values, indices = sent
+    reached = (indices >= 0) & (tf.gather(total, tf.maximum(indices, 0)) != 0)
+    return tf.where(reached, values, 0.0), indices
 
 
 def _dense(accumulated) -> tf.Tensor:
@@ -131,10 +159,15 @@ def _sum_stays_finite(wire, num_workers: int):
     return tf.reduce_all(checks) if checks else tf.constant(True)
 
 
-def wire_bytes(compressor, bucket) -> int:
-    """Bytes one worker sends for a compressed bucket (AR-Topk: the values; the owner's indices too)."""
+def wire_bytes(compressor, bucket, num_workers: int) -> int:
+    """Bytes one worker sends for a compressed bucket (AR-Topk: the values; the owner's indices
+    too; partitioned: at most its k pairs to their owners and, as an owner, its budget of sums)."""
     if bucket.strategy == "artopk":
         return 4 * compressor.payload_length(bucket.elements)
+    if bucket.strategy == "partitioned":
+        pairs = compressor.payload_length(bucket.elements)
+        budget = compressor.owner_budget(pairs, num_workers)
+        return 8 * pairs + 8 * (pairs if budget is None else min(budget, pairs))
     return compressor.payload_bytes(bucket.elements)
 
 
@@ -494,6 +527,12 @@ class StepGraph:
             if compressor.error_feedback:
                 updates.append(self._memory_update(acc, moments, payload, [non_finite, *payload.wire]))
         received = [None] * len(buckets)
+        partitioned = [n for n, b in enumerate(buckets) if b.strategy == "partitioned"]
+        if partitioned:
+            joint, offsets = self._exchange_partitioned([payloads[n].wire for n in partitioned],
+                                                        [int(accumulated[n][0].shape[0]) for n in partitioned])
+            for n, offset in zip(partitioned, offsets):
+                received[n] = (joint, offset)
         for strategy in ("allgather", "allreduce", "artopk"):
             members = [n for n, b in enumerate(buckets) if b.strategy == strategy]
             if not members:
@@ -510,10 +549,20 @@ class StepGraph:
                 start += len(payloads[n].wire)
         reduced, finite = [], []
         scale = 1.0 / num_workers if self.op == hvd.Average else 1.0
-        for (acc, _), bucket, payload, wire in zip(accumulated, buckets, payloads, received):
+        for n, ((acc, _), bucket, payload, wire) in enumerate(zip(accumulated, buckets, payloads, received)):
             size = int(acc.shape[0])
+            if bucket.strategy == "partitioned":
+                joint, offset = wire
+                total = ops.sparse_batched_decode(scale_values(joint.values, scale), joint.local_indices(offset, size),
+                                                  size)
+                if compressor.error_feedback:
+                    updates[n] = updates[n]._replace(cleared=_kept_by_owners(payload.sent, total))
+                reduced.append(tf.cond(joint.flagged, lambda size=size: tf.fill([size], float("nan")),
+                                       lambda t=total: t))
+                finite.append(tf.logical_not(joint.flagged))
+                continue
             if bucket.strategy == "artopk":
-                total = ops.sparse_batched_decode(wire[0] * scale, payload.context, size)
+                total = ops.sparse_batched_decode(scale_values(wire[0], scale), payload.context, size)
             else:
                 total = compressor.decode_sum(wire[:-1], payload.context, size, num_workers, scale)
             flagged = tf.reduce_sum(wire[-1]) > 0
@@ -521,6 +570,40 @@ class StepGraph:
             reduced.append(tf.cond(flagged, lambda size=size: tf.fill([size], float("nan")), lambda t=total: t))
             finite.append(tf.logical_and(tf.logical_not(flagged), _sum_stays_finite(wire[:-1], num_workers)))
         return reduced, updates, finite
+
+    def _exchange_partitioned(self, wires, sizes) -> tuple:
+        """The hash-partitioned sparse allreduce of the payloads `wires` ((values, indices, non-finite
+        flag) of each bucket, `sizes` elements each; joined in one index space, each bucket at the
+        sum of the sizes before it): every worker's pairs go to the owner of their index
+        (`ops.hash_partition`) by one alltoall; each owner sums its pairs per index and keeps at most
+        its budget of sums, the largest in magnitude (`compressor.owner_budget`); one allgather
+        shares the owners' sums, each with a row (index -1) carrying its worker's flag, NaN where
+        set, so that every rank voids the buckets alike. Returns (`_Partitioned`, each bucket's offset)."""
+        num_workers = self.collectives.size
+        offsets = [int(o) for o in np.cumsum([0] + list(sizes[:-1]))]
+        if sum(sizes) > ops.MAX_LENGTH:
+            raise ValueError(f"the partitioned buckets hold {sum(sizes)} elements together, more than the "
+                             f"{ops.MAX_LENGTH} that int32 indices can name; force another strategy")
+        values = _concat([w[0] for w in wires])
+        indices = _concat([w[1] if o == 0 else tf.where(w[1] >= 0, w[1] + o, -1) for w, o in zip(wires, offsets)])
+        flagged = tf.reduce_max(tf.concat([w[2] for w in wires], axis=0)) > 0
+        rows, splits = ops.hash_partition(values, indices, num_workers)
+        self._count_sent(tensor_bytes(rows))
+        received, _ = self.collectives.alltoall(rows, splits)
+        owned, position = tf.unique(received[:, 0])
+        sums = tf.math.unsorted_segment_sum(tf.bitcast(received[:, 1], tf.float32), position, tf.size(owned))
+        budget = self.compressor.owner_budget(sum(int(w[1].shape[0]) for w in wires), num_workers)
+        if budget is not None:
+            magnitude = tf.where(tf.math.is_nan(sums), float("inf"), tf.abs(sums))
+            largest = tf.math.top_k(magnitude, tf.minimum(budget, tf.size(sums)), sorted=False).indices
+            owned, sums = tf.gather(owned, largest), tf.gather(sums, largest)
+        flag = tf.bitcast(tf.where(flagged, float("nan"), 0.0), tf.int32)
+        mine = tf.concat([tf.stack([owned, tf.bitcast(sums, tf.int32)], axis=1),
+                          tf.reshape(tf.stack([tf.constant(-1, tf.int32), flag]), [1, 2])], axis=0)
+        self._count_sent(tensor_bytes(mine))
+        gathered, = self.collectives.allgather([mine])
+        values = tf.bitcast(gathered[:, 1], tf.float32)
+        return _Partitioned(gathered[:, 0], values, tf.reduce_any(tf.logical_not(tf.math.is_finite(values)))), offsets
 
     def _agreed_scales(self, accumulated, buckets) -> dict:
         """{bucket position: float32 scalar} for the allreduce buckets of a compressor that

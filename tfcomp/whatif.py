@@ -197,6 +197,8 @@ def _strategies(compressor) -> list:
         rows.append(("allreduce", "allreduce", False))
     if "artopk" in available:
         rows += [("artopk_ring", "artopk", False), ("artopk_tree", "artopk", True)]
+    if "partitioned" in available:
+        rows.append(("partitioned", "partitioned", False))
     return rows
 
 

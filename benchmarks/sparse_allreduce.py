@@ -1,0 +1,164 @@
+"""Allgather against the hash-partitioned sparse allreduce against AR-Topk, on the emulated cluster.
+
+    python -m benchmarks.sparse_allreduce [--workers=2,4,8] [--rate=1gbit] [--rounds=15]
+        [--ratio=0.01] [--out_dir=benchmarks/results]
+
+Needs root (benchmarks/cluster.py). On one emulated cluster of max(--workers) hosts (one worker
+each, links shaped to --rate), for each K one `horovodrun -np K` job exchanges DRAGONN(--ratio)
+payloads of three gradients (2^21, 2^18 and 2^16 float32 elements: one per bucket) with each
+strategy forced: allgather, partitioned (default union limit 1: k sums kept in all), partitioned
+lossless (union_limit=None) and AR-Topk. Each worker's gradient is a shared signal plus its own
+noise of the same size (drawn afresh every step), so the workers' largest elements overlap in part,
+as real gradients' do. Rounds interleave the strategies, each step timed alone after a barrier.
+
+Traffic is what the host's interface really carried (receive plus transmit bytes of eth0 in
+/proc/net/dev, which is per network namespace), per step, less a barrier's own. Every job also makes
+the default plan (cost-model planning calibrated on the cluster, no trial) and reports its
+strategies: where the plan picks what the measurements find fastest.
+Writes sparse_allreduce.json and sparse_allreduce.md into --out_dir.
+"""
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+__all__ = ["interface_bytes", "summarise"]
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs the jobs; worker: one job.")
+flags.DEFINE_list("workers", ["2", "4", "8"], "Worker counts K, one host each.")
+flags.DEFINE_string("rate", "1gbit", "Link rate per host (e.g. 1gbit), or 'none' (unshaped).")
+flags.DEFINE_integer("rounds", 15, "Timed steps per strategy (medians reported).")
+flags.DEFINE_float("ratio", 0.01, "DRAGONN's ratio.")
+flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its findings.")
+
+SIZES = (2**21, 2**18, 2**16)
+# (name, strategy, DRAGONN keyword arguments)
+STRATEGIES = (("allgather", "allgather", {}), ("partitioned", "partitioned", {}),
+              ("partitioned lossless", "partitioned", {"union_limit": None}), ("AR-Topk", "artopk", {}))
+
+
+def interface_bytes(device: str = "eth0", proc_net_dev: str = "/proc/net/dev") -> int:
+    """Received plus transmitted bytes of `device` so far, in this network namespace."""
+    for line in Path(proc_net_dev).read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == device:
+            fields = counters.split()
+            return int(fields[0]) + int(fields[8])
+    raise RuntimeError(f"no interface {device!r} in {proc_net_dev}")
+
+
+def _worker() -> None:
+    import horovod.tensorflow as hvd
+    import numpy as np
+    import tensorflow as tf
+
+    import tfcomp
+    from tfcomp import planning
+    from tfcomp import cost_model as cm
+
+    hvd.init()
+    rank, workers = hvd.rank(), hvd.size()
+    tensors = [(i, f"g{i}", n) for i, n in enumerate(SIZES)]
+    variables = [tf.Variable(tf.zeros([n])) for n in SIZES]
+    exchanges = {}
+    for name, strategy, kwargs in STRATEGIES:
+        compressor = tfcomp.DRAGONN(FLAGS.ratio, strategy=strategy, **kwargs)
+        plan = planning.per_tensor_plan(tensors, compressor, cm.ClusterModel.unpriced(workers))
+        exchanges[name] = tf.function(tfcomp.GradientExchange(compressor, plan=plan), autograph=False)
+    barrier = tf.function(lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="sparse_barrier"), autograph=False)
+
+    def gradients(step: int):
+        shared = np.random.default_rng(step).standard_normal(sum(SIZES)).astype(np.float32)
+        own = np.random.default_rng([step, rank]).standard_normal(sum(SIZES)).astype(np.float32)
+        return [tf.constant(part) for part in np.split(shared + own, np.cumsum(SIZES)[:-1])]
+
+    times = {name: [] for name in exchanges}
+    traffic = {name: [] for name in exchanges}
+    barrier_traffic = []
+    for round_ in range(FLAGS.rounds + 2):
+        grads = gradients(round_)
+        for name, exchange in exchanges.items():
+            barrier().numpy()
+            before = interface_bytes()
+            start = time.perf_counter()
+            [g.numpy() for g in exchange(grads, variables)]
+            elapsed = time.perf_counter() - start
+            moved = interface_bytes() - before
+            if round_ >= 2:  # the first two rounds trace and warm up
+                times[name].append(elapsed)
+                traffic[name].append(moved)
+        before = interface_bytes()
+        barrier().numpy()
+        barrier_traffic.append(interface_bytes() - before)
+    # Every rank's traffic, averaged: the owners' shares differ.
+    barrier_bytes = statistics.median(barrier_traffic)
+    mine = [statistics.median(traffic[name]) - barrier_bytes for name in exchanges]
+    everyone = hvd.allgather(tf.constant([mine], tf.float64), name="sparse_traffic").numpy()
+    auto = tfcomp.GradientExchange(tfcomp.DRAGONN(FLAGS.ratio, trial_steps=0))
+    auto(gradients(0), variables)
+    if rank == 0 and FLAGS.json_out:
+        result = {name: {"ms": 1e3 * statistics.median(times[name]), "mbytes": float(np.mean(everyone[:, i])) / 1e6}
+                  for i, name in enumerate(exchanges)}
+        result["plan"] = [b.strategy for b in auto.plan.buckets]
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(result, f)
+
+
+def summarise(results: dict) -> str:
+    """Markdown: per K, each strategy's median step and traffic per worker, and the default plan."""
+    names = [name for name, _, _ in STRATEGIES]
+    lines = ["| K | " + " | ".join(f"{n} ms, MB" for n in names) + " | allgather MB / partitioned MB | fastest | "
+             "default plan (buckets 2^21, 2^18, 2^16) |", "|---|" + "---|" * (len(names) + 3)]
+    for k in sorted(results, key=int):
+        row = results[k]
+        fastest = min(names, key=lambda n: row[n]["ms"])
+        plan = ", ".join(reversed(row["plan"]))  # the plan lists buckets in backprop order
+        lines.append(f"| {k} | " + " | ".join(f"{row[n]['ms']:.1f}, {row[n]['mbytes']:.2f}" for n in names) +
+                     f" | {row['allgather']['mbytes'] / row['partitioned']['mbytes']:.2f}x | {fastest} | {plan} |")
+    return "\n".join(lines)
+
+
+def _launcher() -> None:
+    from benchmarks.cluster import Cluster, cluster_unavailable_reason
+
+    reason = cluster_unavailable_reason()
+    if reason:
+        sys.exit(f"sparse_allreduce: {reason}")
+    workers = sorted(int(k) for k in FLAGS.workers)
+    results = {}
+    with Cluster(hosts=max(workers), rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
+        for k in workers:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "run.json")
+                command = cluster.horovodrun_args(np=k) + [
+                    sys.executable, "-m", "benchmarks.sparse_allreduce", "--role=worker", f"--rounds={FLAGS.rounds}",
+                    f"--ratio={FLAGS.ratio}", f"--json_out={out}"]
+                done = cluster.run(command, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=1200, capture=True)
+                if done.returncode != 0 or not os.path.exists(out):
+                    raise RuntimeError(f"K={k}: exit {done.returncode}\n{(done.stderr or '')[-3000:]}")
+                results[str(k)] = json.loads(Path(out).read_text())
+            print(f"K={k}: {results[str(k)]}", flush=True)
+    out_dir = Path(FLAGS.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sparse_allreduce.json").write_text(json.dumps(
+        {"rate": FLAGS.rate, "rounds": FLAGS.rounds, "ratio": FLAGS.ratio, "results": results}, indent=1))
+    text = summarise(results)
+    (out_dir / "sparse_allreduce.md").write_text(text + "\n")
+    print(text)
+
+
+def main(argv):
+    del argv
+    _worker() if FLAGS.role == "worker" else _launcher()
+
+
+if __name__ == "__main__":
+    app.run(main)
