@@ -14,10 +14,12 @@ as real gradients' do. Rounds interleave the strategies, each step timed alone a
 Traffic is what the host's interface really carried (receive plus transmit bytes of eth0 in
 /proc/net/dev, which is per network namespace), per step, less a barrier's own. Every job also makes
 the default plan (cost-model planning calibrated on the cluster, no trial) and reports its
-strategies: where the plan picks what the measurements find fastest.
+strategies, and what the calibrated cost model predicts for each forced plan: where the model ranks
+the strategies as the measurements do, and where the plan picks what they find fastest.
 Writes sparse_allreduce.json and sparse_allreduce.md into --out_dir.
 """
 
+import dataclasses
 import json
 import os
 import statistics
@@ -68,11 +70,11 @@ def _worker() -> None:
     rank, workers = hvd.rank(), hvd.size()
     tensors = [(i, f"g{i}", n) for i, n in enumerate(SIZES)]
     variables = [tf.Variable(tf.zeros([n])) for n in SIZES]
-    exchanges = {}
+    exchanges, plans = {}, {}
     for name, strategy, kwargs in STRATEGIES:
         compressor = tfcomp.DRAGONN(FLAGS.ratio, strategy=strategy, **kwargs)
-        plan = planning.per_tensor_plan(tensors, compressor, cm.ClusterModel.unpriced(workers))
-        exchanges[name] = tf.function(tfcomp.GradientExchange(compressor, plan=plan), autograph=False)
+        plans[name] = planning.per_tensor_plan(tensors, compressor, cm.ClusterModel.unpriced(workers))
+        exchanges[name] = tf.function(tfcomp.GradientExchange(compressor, plan=plans[name]), autograph=False)
     barrier = tf.function(lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="sparse_barrier"), autograph=False)
 
     def gradients(step: int):
@@ -104,25 +106,35 @@ def _worker() -> None:
     everyone = hvd.allgather(tf.constant([mine], tf.float64), name="sparse_traffic").numpy()
     auto = tfcomp.GradientExchange(tfcomp.DRAGONN(FLAGS.ratio, trial_steps=0))
     auto(gradients(0), variables)
+    calibrated = auto.plan.cluster
     if rank == 0 and FLAGS.json_out:
-        result = {name: {"ms": 1e3 * statistics.median(times[name]), "mbytes": float(np.mean(everyone[:, i])) / 1e6}
+        # What the cost model, calibrated on this cluster, predicts for each forced plan.
+        result = {name: {"ms": 1e3 * statistics.median(times[name]), "mbytes": float(np.mean(everyone[:, i])) / 1e6,
+                         "predicted_ms": 1e3 * planning.predicted_exchange_time(
+                             dataclasses.replace(plans[name], cluster=calibrated))}
                   for i, name in enumerate(exchanges)}
         result["plan"] = [b.strategy for b in auto.plan.buckets]
+        result["plan_predicted_ms"] = 1e3 * planning.predicted_exchange_time(auto.plan)
+        result["cluster"] = calibrated.to_list()
         with open(FLAGS.json_out, "w") as f:
             json.dump(result, f)
 
 
 def summarise(results: dict) -> str:
-    """Markdown: per K, each strategy's median step and traffic per worker, and the default plan."""
+    """Markdown: per K, each strategy's median step (measured, and predicted by the calibrated cost
+    model) and traffic per worker, the fastest of each, and the default plan."""
     names = [name for name, _, _ in STRATEGIES]
-    lines = ["| K | " + " | ".join(f"{n} ms, MB" for n in names) + " | allgather MB / partitioned MB | fastest | "
-             "default plan (buckets 2^21, 2^18, 2^16) |", "|---|" + "---|" * (len(names) + 3)]
+    lines = ["| K | " + " | ".join(f"{n}: ms (predicted), MB" for n in names) +
+             " | allgather MB / partitioned MB | fastest measured | fastest predicted | default plan (buckets in "
+             "backprop order) |", "|---|" + "---|" * (len(names) + 4)]
     for k in sorted(results, key=int):
         row = results[k]
-        fastest = min(names, key=lambda n: row[n]["ms"])
-        plan = ", ".join(reversed(row["plan"]))  # the plan lists buckets in backprop order
-        lines.append(f"| {k} | " + " | ".join(f"{row[n]['ms']:.1f}, {row[n]['mbytes']:.2f}" for n in names) +
-                     f" | {row['allgather']['mbytes'] / row['partitioned']['mbytes']:.2f}x | {fastest} | {plan} |")
+        measured = min(names, key=lambda n: row[n]["ms"])
+        predicted = min(names, key=lambda n: row[n]["predicted_ms"])
+        lines.append(f"| {k} | " + " | ".join(
+            f"{row[n]['ms']:.1f} ({row[n]['predicted_ms']:.1f}), {row[n]['mbytes']:.2f}" for n in names) +
+            f" | {row['allgather']['mbytes'] / row['partitioned']['mbytes']:.2f}x | {measured} | {predicted} | "
+            f"{', '.join(row['plan'])} |")
     return "\n".join(lines)
 
 

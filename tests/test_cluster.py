@@ -38,6 +38,17 @@ def test_bad_rate_names_the_argument(rate):
         cl.parse_rate(rate)
 
 
+def test_horovodrun_lists_only_the_hosts_of_its_workers():
+    # horovodrun 0.28.1 with Gloo starts a worker on every slot -H lists, whatever -np says.
+    cluster = cl.Cluster(hosts=4)
+    args = cluster.horovodrun_args(np=2)
+    assert args[args.index("-np") + 1] == "2"
+    assert args[args.index("-H") + 1] == ",".join(f"{a}:1" for a in cluster.addresses[:2])
+    assert cluster.horovodrun_args()[cluster.horovodrun_args().index("-H") + 1] == cluster.hosts
+    with pytest.raises(cl.ClusterError, match=r"np must be in \[1, 4\]"):
+        cluster.horovodrun_args(np=5)
+
+
 def test_bad_host_count_names_the_argument():
     with pytest.raises(ValueError, match="hosts"):
         cl.Cluster(hosts=0)

@@ -27,6 +27,7 @@
 #include "ops/cc/cuda/device_util.cuh"
 #include "ops/cc/cuda/tfcomp_cuda.h"
 #include "ops/cc/lib/hashing.h"
+#include "ops/cc/lib/partition.h"
 #include "ops/cc/lib/quantize.h"
 
 namespace tfcomp {
@@ -340,6 +341,61 @@ void CheckZeroAt(int64_t size, uint64_t seed) {
   Report(at, verdict);
 }
 
+// hash_partition of n pairs (a payload of a tensor of 4 n elements, a third of the slots empty,
+// NaN and Inf among the values) among num_parts owners: the two launches around the host's
+// exclusive sum, against the CPU's counting sort (ops/cc/lib/partition.h), rows bit for bit.
+void CheckHashPartition(int64_t n, int32_t num_parts, uint64_t seed) {
+  const std::string at = "hash_partition n=" + std::to_string(n) + " parts=" + std::to_string(num_parts);
+  std::vector<float> values(n);
+  std::vector<int32_t> indices(n);
+  for (int64_t p = 0; p < n; ++p) {
+    const uint64_t r = Mix64(seed ^ Mix64(p));
+    indices[p] = r % 3 == 0 ? -1 : static_cast<int32_t>(ReduceToRange(static_cast<uint32_t>(r >> 32), 4 * n));
+    values[p] = r % 101 == 0 ? NAN : r % 103 == 0 ? INFINITY : static_cast<float>(static_cast<int32_t>(r)) * 1e-9f;
+  }
+  std::vector<int32_t> counts(num_parts);
+  if (CountPairsPerOwner(indices.data(), n, num_parts, counts.data()) >= 0) std::abort();
+  int64_t total = 0;
+  for (int32_t c : counts) total += c;
+  std::vector<int32_t> want(2 * total);
+  std::vector<int64_t> scratch(num_parts);
+  WriteRowsByOwner(values.data(), indices.data(), n, num_parts, counts.data(), scratch.data(), want.data());
+
+  const int64_t chunks = cuda::PartitionChunks(n);
+  const DeviceArray<float> d_values(values);
+  const DeviceArray<int32_t> d_indices(indices);
+  DeviceArray<int32_t> d_counts(chunks * num_parts);
+  DeviceArray<int64_t> d_bad(chunks);
+  HARNESS_CUDA(cuda::HashPartitionCount(d_indices.get(), n, num_parts, d_counts.get(), d_bad.get(), 0));
+  const std::vector<int32_t> chunk_counts = d_counts.Download();
+  std::vector<int64_t> cursors(chunks * num_parts);
+  int64_t next = 0;
+  for (int32_t p = 0; p < num_parts; ++p) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      cursors[c * num_parts + p] = next;
+      next += chunk_counts[c * num_parts + p];
+    }
+  }
+  DeviceArray<int64_t> d_cursors(cursors);
+  DeviceArray<int32_t> d_rows(2 * total);
+  HARNESS_CUDA(cuda::HashPartitionWrite(d_values.get(), d_indices.get(), n, num_parts, d_cursors.get(), d_rows.get(), 0));
+  std::vector<int32_t> got = d_rows.Download();
+  got.resize(2 * total);
+  Verdict verdict;
+  if (next != total) {
+    verdict.mismatches++;
+    verdict.first = "counted " + std::to_string(next) + " pairs, expected " + std::to_string(total);
+  }
+  for (int64_t i = 0; i < 2 * total && verdict.mismatches == 0; ++i) {
+    if (got[i] != want[i]) {
+      verdict.mismatches++;
+      verdict.first = "row word " + std::to_string(i) + ": expected " + std::to_string(want[i]) + ", got " +
+                      std::to_string(got[i]);
+    }
+  }
+  Report(at, verdict);
+}
+
 // int_quantize and int_dequantize on a float32 tensor of `size` elements (NaN, Inf, denormals
 // included) at each width, K = 3 workers' levels, against the host running the same code
 // (ops/cc/lib/quantize.h).
@@ -408,6 +464,7 @@ int RunCheck(int max_log2) {
     CheckSize<BFloat16Format>("bfloat16", size, ++seed);
     CheckZeroAt(size, ++seed);
     CheckIntQuantize(size, ++seed);
+    for (int32_t parts : {1, 2, 8, 61}) CheckHashPartition(size / 8 + 1, parts, ++seed);
   }
   for (int64_t finite : {0, 3}) {
     CheckThresholdFewFinite<Float32Format>("float32", 1000, finite, ++seed);
@@ -454,6 +511,10 @@ int CheckLaunchers() {
               cuda::EstimateThreshold<F>(nullptr, 10, 11, 1, nullptr, nullptr, nullptr, &bytes, 0), bad);
   ReportError("launchers: sparse_batched_decode, n < 0 ->",
               cuda::SparseBatchedDecode<F>(nullptr, nullptr, -1, 10, nullptr, nullptr, nullptr, &bytes, 0), bad);
+  ReportError("launchers: hash_partition count, num_parts = 0 ->",
+              cuda::HashPartitionCount(nullptr, 10, 0, nullptr, nullptr, 0), bad);
+  ReportError("launchers: hash_partition write, n < 0 ->",
+              cuda::HashPartitionWrite(nullptr, nullptr, -1, 2, nullptr, nullptr, 0), bad);
   size_t small = 1;
   ReportError("launchers: dragonn_compress, scratch too small ->",
               cuda::DragonnCompress<F>(nullptr, 10, nullptr, nullptr, 100, nullptr, nullptr, scratch, &small, 0), bad);
@@ -474,6 +535,8 @@ int CheckLaunchers() {
   ReportError("no GPU: dgc_compress ->",
               cuda::DgcCompress<F>(nullptr, d, nullptr, 1000, nullptr, nullptr, scratch, &bytes, 0), cudaSuccess);
   ReportError("no GPU: topk_compress ->", cuda::TopkCompress<F>(nullptr, d, 1000, nullptr, nullptr, scratch, &bytes, 0),
+              cudaSuccess);
+  ReportError("no GPU: hash_partition count ->", cuda::HashPartitionCount(nullptr, 4000, 8, nullptr, nullptr, 0),
               cudaSuccess);
   ReportError("no GPU: sparse_batched_decode ->",
               cuda::SparseBatchedDecode<F>(nullptr, nullptr, 4000, d, nullptr, nullptr, scratch, &bytes, 0),

@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "ops/cc/cuda/tfcomp_cuda.h"
+#include "ops/cc/kernels/checks.h"
 #include "ops/cc/kernels/kernel_util.h"
 #include "ops/cc/kernels/launchers.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -148,6 +150,72 @@ Status ZeroAtLauncher<GpuDevice>::operator()(OpKernelContext* context, const Ten
   }
   return CudaStatus(context, cuda::ZeroAt(out, data->NumElements(), indices.flat<int32_t>().data(),
                                           indices.NumElements(), offset, stream));
+}
+
+Status HashPartitionLauncher<GpuDevice>::Count(OpKernelContext* context, const Tensor& indices, int32_t num_parts,
+                                               int32_t* counts, int64_t* bad_position, int32_t* bad_index) const {
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  const int64_t n = indices.NumElements();
+  const int64_t chunks = cuda::PartitionChunks(n);
+  std::fill(counts, counts + num_parts, 0);
+  *bad_position = -1;
+  if (chunks * num_parts > kMaxIndexable) {
+    return errors::InvalidArgument("num_parts = ", num_parts, " with ", n, " pairs needs ", chunks * num_parts,
+                                   " per-chunk counters on the GPU, more than 2^31 - 1");
+  }
+  cursors_.assign(chunks * num_parts, 0);
+  if (chunks == 0) return ::tensorflow::OkStatus();
+  Tensor chunk_counts, first_bad;
+  TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_INT32, {chunks * num_parts}, &chunk_counts));
+  TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_INT64, {chunks}, &first_bad));
+  TF_RETURN_IF_ERROR(CudaStatus(context, cuda::HashPartitionCount(indices.flat<int32_t>().data(), n, num_parts,
+                                                                  chunk_counts.flat<int32_t>().data(),
+                                                                  first_bad.flat<int64_t>().data(), stream)));
+  std::vector<int32_t> host_counts(chunks * num_parts);
+  std::vector<int64_t> host_bad(chunks);
+  TF_RETURN_IF_ERROR(CudaStatus(context, cudaMemcpyAsync(host_counts.data(), chunk_counts.flat<int32_t>().data(),
+                                                         host_counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                                         stream)));
+  TF_RETURN_IF_ERROR(CudaStatus(context, cudaMemcpyAsync(host_bad.data(), first_bad.flat<int64_t>().data(),
+                                                         host_bad.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                                                         stream)));
+  TF_RETURN_IF_ERROR(CudaStatus(context, cudaStreamSynchronize(stream)));
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (host_bad[c] < n) {
+      *bad_position = host_bad[c];
+      TF_RETURN_IF_ERROR(CudaStatus(context, cudaMemcpyAsync(bad_index, indices.flat<int32_t>().data() + host_bad[c],
+                                                             sizeof(*bad_index), cudaMemcpyDeviceToHost, stream)));
+      return CudaStatus(context, cudaStreamSynchronize(stream));
+    }
+  }
+  // Cursors: the exclusive sum in (owner, chunk) order; the owners' totals are the splits.
+  int64_t total = 0;
+  for (int32_t p = 0; p < num_parts; ++p) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      cursors_[c * num_parts + p] = total;
+      total += host_counts[c * num_parts + p];
+      counts[p] += host_counts[c * num_parts + p];
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
+
+Status HashPartitionLauncher<GpuDevice>::Write(OpKernelContext* context, const Tensor& values, const Tensor& indices,
+                                               int32_t num_parts, const int32_t* counts, Tensor* rows) const {
+  (void)counts;
+  if (cursors_.empty()) return ::tensorflow::OkStatus();
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  Tensor cursors;
+  TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_INT64, {static_cast<int64_t>(cursors_.size())}, &cursors));
+  // From pageable memory: the copy has read cursors_ when it returns.
+  TF_RETURN_IF_ERROR(CudaStatus(context, cudaMemcpyAsync(cursors.flat<int64_t>().data(), cursors_.data(),
+                                                         cursors_.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                                         stream)));
+  return CudaStatus(context, cuda::HashPartitionWrite(values.flat<float>().data(), indices.flat<int32_t>().data(),
+                                                      indices.NumElements(), num_parts, cursors.flat<int64_t>().data(),
+                                                      rows->flat<int32_t>().data(), stream));
 }
 
 Status IntQuantizeLauncher<GpuDevice>::operator()(OpKernelContext* context, const Tensor& grad, const Tensor& scale,

@@ -86,6 +86,20 @@ cudaError_t IntQuantize(const float* grad, int64_t size, const float* scale, con
 cudaError_t IntDequantize(const int32_t* lanes, int64_t size, const float* step, int bits, float* dense,
                           cudaStream_t stream);
 
+// hash_partition, in two launches around the host, one thread per chunk of kPartitionChunk pairs
+// (PartitionChunks(n) chunks), each walking its chunk in order. HashPartitionCount writes, for chunk
+// c, its pairs of index >= 0 per owner (HashOwner) to counts[c * num_parts + owner] (device int32)
+// and the position of its first index < -1 to first_bad[c] (device int64; n where none). The host
+// turns the counts into cursors, the exclusive sum in (owner, chunk) order, and HashPartitionWrite
+// writes every chunk's pairs as rows (index, value bits) at its cursors (device int64, advanced), so
+// that the rows come owner by owner, in input order within an owner, as on the CPU. No scratch.
+constexpr int64_t kPartitionChunk = 256;
+int64_t PartitionChunks(int64_t n);
+cudaError_t HashPartitionCount(const int32_t* indices, int64_t n, int32_t num_parts, int32_t* counts,
+                               int64_t* first_bad, cudaStream_t stream);
+cudaError_t HashPartitionWrite(const float* values, const int32_t* indices, int64_t n, int32_t num_parts,
+                               int64_t* cursors, int32_t* rows, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace tfcomp
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -73,7 +74,8 @@ template <typename Device>
 struct IntDequantizeLauncher;
 
 // hash_partition: Count fills counts (num_parts int32, host memory) with the pairs of index >= 0 per
-// owner (HashOwner) and *bad_position with the first index < -1 (-1: none); Write then fills rows
+// owner (HashOwner), and *bad_position and *bad_index with the first index < -1 (position -1: none,
+// counts then incomplete); Write then fills rows
 // (int32 [sum of counts, 2]: index, value bits), owner by owner, stable within an owner.
 template <typename Device>
 struct HashPartitionLauncher;
@@ -118,6 +120,20 @@ template <>
 struct ZeroAtLauncher<GpuDevice> {
   ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& indices,
                                   int64_t offset, const ::tensorflow::Tensor* source, ::tensorflow::Tensor* data) const;
+};
+
+// hash_partition on the GPU: Count waits for the device once (the counts decide the rows' shape) and
+// keeps each chunk's cursors on the host for Write.
+template <>
+struct HashPartitionLauncher<GpuDevice> {
+  ::tensorflow::Status Count(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& indices,
+                             int32_t num_parts, int32_t* counts, int64_t* bad_position, int32_t* bad_index) const;
+  ::tensorflow::Status Write(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& values,
+                             const ::tensorflow::Tensor& indices, int32_t num_parts, const int32_t* counts,
+                             ::tensorflow::Tensor* rows) const;
+
+ private:
+  mutable std::vector<int64_t> cursors_;  // [chunk * num_parts + owner], from Count
 };
 
 template <>

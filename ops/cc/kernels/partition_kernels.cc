@@ -14,13 +14,14 @@ using ::tensorflow::Tensor;
 
 template <>
 struct HashPartitionLauncher<CpuDevice> {
-  Status Count(OpKernelContext* context, const Tensor& indices, int32_t num_parts, int32_t* counts,
-               int64_t* bad_position) const {
+  Status Count(OpKernelContext*, const Tensor& indices, int32_t num_parts, int32_t* counts, int64_t* bad_position,
+               int32_t* bad_index) const {
     *bad_position = CountPairsPerOwner(indices.flat<int32_t>().data(), indices.NumElements(), num_parts, counts);
+    if (*bad_position >= 0) *bad_index = indices.flat<int32_t>()(*bad_position);
     return ::tensorflow::OkStatus();
   }
 
-  Status Write(OpKernelContext* context, const Tensor& values, const Tensor& indices, int32_t num_parts,
+  Status Write(OpKernelContext*, const Tensor& values, const Tensor& indices, int32_t num_parts,
                const int32_t* counts, Tensor* rows) const {
     std::vector<int64_t> cursor(num_parts);
     WriteRowsByOwner(values.flat<float>().data(), indices.flat<int32_t>().data(), indices.NumElements(), num_parts,
@@ -47,11 +48,11 @@ class HashPartitionOp : public ::tensorflow::OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(1, {num_parts_}, &splits));
     int32_t* counts = splits->flat<int32_t>().data();
     int64_t bad_position = -1;
+    int32_t bad_index = 0;
     const HashPartitionLauncher<Device> launcher;
-    OP_REQUIRES_OK(context, launcher.Count(context, indices, num_parts_, counts, &bad_position));
+    OP_REQUIRES_OK(context, launcher.Count(context, indices, num_parts_, counts, &bad_position, &bad_index));
     OP_REQUIRES(context, bad_position < 0,
-                ::tensorflow::errors::InvalidArgument("indices[", bad_position, "] = ",
-                                                      indices.flat<int32_t>()(bad_position),
+                ::tensorflow::errors::InvalidArgument("indices[", bad_position, "] = ", bad_index,
                                                       " is negative (valid: -1 for an empty slot, or >= 0)"));
     int64_t total = 0;
     for (int32_t p = 0; p < num_parts_; ++p) total += counts[p];
@@ -65,6 +66,11 @@ class HashPartitionOp : public ::tensorflow::OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("Tfcomp>HashPartition").Device(::tensorflow::DEVICE_CPU), HashPartitionOp<CpuDevice>);
+#if TFCOMP_CUDA
+// The splits are in host memory, where Horovod's alltoall reads them.
+REGISTER_KERNEL_BUILDER(Name("Tfcomp>HashPartition").Device(::tensorflow::DEVICE_GPU).HostMemory("splits"),
+                        HashPartitionOp<GpuDevice>);
+#endif
 
 }  // namespace
 }  // namespace tfcomp
