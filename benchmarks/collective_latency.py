@@ -38,7 +38,7 @@ flags.DEFINE_integer("rounds", 60, "Timed rounds per collective (medians reporte
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
 flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its medians.")
 
-COLLECTIVES = ("allreduce", "allgather", "broadcast")
+COLLECTIVES = ("allreduce", "allgather", "broadcast", "alltoall")
 # The latency terms to compare: the cost model's, and the alternative (003 Table I for allgather).
 TERMS = {"K-1": lambda k: k - 1, "log2 K": math.log2}
 
@@ -53,7 +53,10 @@ def _worker() -> None:
     one = tf.ones([1], tf.float32)
     graphs = {"allreduce": lambda: hvd.allreduce(one, op=hvd.Sum, name="latency_allreduce"),
               "allgather": lambda: hvd.allgather(one, name="latency_allgather"),
-              "broadcast": lambda: hvd.broadcast(one, 0, name="latency_broadcast")}
+              "broadcast": lambda: hvd.broadcast(one, 0, name="latency_broadcast"),
+              # One float32 to every worker (the hash-partitioned allreduce's first collective).
+              "alltoall": lambda: hvd.alltoall(tf.ones([hvd.size()]), splits=tf.ones([hvd.size()], tf.int32),
+                                               name="latency_alltoall")[0]}
     calls = {name: tf.function(graph, autograph=False) for name, graph in graphs.items()}
     barrier = tf.function(lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="latency_barrier"), autograph=False)
     times = {name: [] for name in calls}

@@ -12,20 +12,23 @@ MOMENTUM = 0.9
 # model -> (optimizer, learning rate, scaled by the workers)
 MODEL_OPTIMIZERS = {"cnn": ("sgd", 0.025, True), "vit": ("adam", 0.001, False)}
 _SPARSIFIERS = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC, "topk": tfcomp.TopK}
-CONFIGS = ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01", "intquant_8")
+CONFIGS = ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01", "intquant_8",
+           "dragonn_0.01_partitioned")
 
 
 def make_compression(config: str, optimizer: str):
     """(compression argument, whether the exchange corrects the optimizer) of a configuration
     name for a model trained with `optimizer` ("sgd" or "adam"): the tfcomp sparsifiers with DGC's
     momentum correction under SGD, with Adam correction under Adam (both: the optimizer's state
-    moves into the exchange, the inner optimizer is plain SGD)."""
+    moves into the exchange, the inner optimizer is plain SGD). A sparsifier's name ending in
+    "_partitioned" forces the hash-partitioned sparse allreduce for its compressed buckets."""
     if config == "dense":
         return hvd.Compression.none, False
     if config == "fp16":
         return hvd.Compression.fp16, False
+    config, forced = (config[:-len("_partitioned")], "partitioned") if config.endswith("_partitioned") else (config, None)
     name, _, parameter = config.partition("_")
-    if name == "intquant" and parameter in ("4", "8", "16"):
+    if name == "intquant" and parameter in ("4", "8", "16") and forced is None:
         # The optimizer keeps its own state and the exchange does plain error feedback. (With
         # momentum correction, before quantisers kept their momentum, factor masking cleared it
         # wherever a level went, and the CNN reached 83.95 % against dense's 87.15 %.)
@@ -33,5 +36,5 @@ def make_compression(config: str, optimizer: str):
     correction = {"momentum": MOMENTUM} if optimizer == "sgd" else {"adam": True}
     if name not in _SPARSIFIERS or not parameter:
         raise ValueError(f"--config: {config!r} is not one of {', '.join(CONFIGS)} (or <sparsifier>_<ratio>, "
-                         "intquant_<bits>)")
-    return _SPARSIFIERS[name](float(parameter), **correction), True
+                         "intquant_<bits>, <sparsifier>_<ratio>_partitioned)")
+    return _SPARSIFIERS[name](float(parameter), strategy=forced, **correction), True

@@ -9,7 +9,8 @@ from benchmarks.tables import markdown_table
 __all__ = ["RATE_NAMES", "RUNS", "TARGET_MARGIN", "plot", "summarise", "time_to_target"]
 
 RUNS = {
-    "1gbit": ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01", "intquant_8"),
+    "1gbit": ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01", "intquant_8",
+              "dragonn_0.01_partitioned"),
     "10gbit": ("dense", "dragonn_0.01"),
     "none": ("dense", "dragonn_0.01"),
 }

@@ -53,7 +53,8 @@ def test_every_configuration_makes_its_compression():
     assert made["dense"] == (hvd.Compression.none, False) and made["fp16"] == (hvd.Compression.fp16, False)
     assert made["intquant_8"] == (tfcomp.IntQuant(8), False)  # the optimizer keeps its momentum
     assert made["dragonn_0.001"] == (tfcomp.DRAGONN(0.001, momentum=0.9), True)
+    assert made["dragonn_0.01_partitioned"] == (tfcomp.DRAGONN(0.01, momentum=0.9, strategy="partitioned"), True)
     assert make_compression("intquant_4", "adam") == (tfcomp.IntQuant(4), False)
-    for bad in ("intquant_5", "dragonn", "qsgd_4"):
+    for bad in ("intquant_5", "dragonn", "qsgd_4", "intquant_8_partitioned"):
         with pytest.raises(ValueError, match="--config"):
             make_compression(bad, "sgd")

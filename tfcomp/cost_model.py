@@ -173,15 +173,20 @@ def alltoall(bytes_per_worker: float, workers: int, network: Network) -> float:
     return (k - 1) * network.hop(bytes_per_worker / k)
 
 
-def partitioned_allreduce(compressor, bucket_elements, workers: int, network: Network) -> float:
+def partitioned_allreduce(compressor, bucket_elements, workers: int, alltoall_network: Network,
+                          allgather_network: Network) -> float:
     """The hash-partitioned sparse allreduce of buckets of `bucket_elements` float32 elements: an
     alltoall of every worker's k pairs (8 bytes each, k the payload's slots), then a ring allgather
     of each owner's summed pairs: at most its owner budget (`compressor.owner_budget`), or, without
-    one, k (its share of the worst case, a union of K k indices), plus its non-finite flag (one pair)."""
+    one, k (its share of the worst case, a union of K k indices), plus its non-finite flag (one pair).
+    Calibration fits no alltoall network: the exchange prices it with the allreduce network, whose
+    per-call cost is nearer to Horovod's alltoall than the allgather's is (one float32 per worker on
+    the emulated cluster, unshaped, K = 2, 4, 8: alltoall 0.5, 1.0, 2.2 ms; allreduce 2.8, 3.0, 8.6 ms;
+    allgather 2.1, 4.4, 17.5 ms; BENCHMARKS.md)."""
     pairs = sum(compressor.payload_length(n) for n in bucket_elements)
     budget = compressor.owner_budget(pairs, workers)
     owned = pairs if budget is None else min(budget, pairs)
-    return alltoall(8 * pairs, workers, network) + ring_allgather(8 * owned + 8, workers, network)
+    return alltoall(8 * pairs, workers, alltoall_network) + ring_allgather(8 * owned + 8, workers, allgather_network)
 
 
 def artopk_tree(index_bytes: float, value_bytes: float, workers: int, network: Network) -> float:
@@ -417,7 +422,8 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     float per worker, its agreed scale; the exchange gathers all buckets' at once). artopk:
     broadcast of the owner's k int32 indices plus a ring (or, with tree=True, tree) allreduce of k
     float32 values, plus an allgather of one float per worker when the owner is the max-variance
-    worker (VAR). partitioned: `partitioned_allreduce`. Each tensor in a collective adds cluster.per_tensor (a compressed bucket sends
+    worker (VAR). partitioned: `partitioned_allreduce`, its alltoall on the allreduce network.
+    Each tensor in a collective adds cluster.per_tensor (a compressed bucket sends
     WIRE_TENSORS); each tensor of a compressed bucket adds cluster.compression_per_tensor to its
     compression, and merging more than one tensor costs cluster.merge_per_element per element
     (concatenate, split). A compressed bucket `alone` in its exchange also pays
@@ -448,8 +454,8 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
             communication += ring_allgather(4, k, cluster.allgather)
         return StrategyTime(communication + bookkeeping, compression)
     if strategy == "partitioned":
-        return StrategyTime(partitioned_allreduce(compressor, [elements], k, cluster.allgather) + bookkeeping,
-                            compression)
+        return StrategyTime(partitioned_allreduce(compressor, [elements], k, cluster.allreduce, cluster.allgather)
+                            + bookkeeping, compression)
     selected = 4 * compressor.payload_length(elements)
     reduce = tree_allreduce if tree else ring_allreduce
     communication = broadcast(selected, k, cluster.allgather) + reduce(selected + _NON_FINITE_COUNT_BYTES, k, cluster.allreduce)

@@ -248,7 +248,7 @@ def predicted_exchange_time(plan: Plan) -> float:
         elif strategy == "allreduce":
             seconds += cm.ring_allreduce(sum(compressor.payload_bytes(n) + 4 for n in elements), k, cluster.allreduce)
         elif strategy == "partitioned":
-            seconds += cm.partitioned_allreduce(compressor, elements, k, cluster.allgather)
+            seconds += cm.partitioned_allreduce(compressor, elements, k, cluster.allreduce, cluster.allgather)
         else:
             selected = [4 * compressor.payload_length(n) for n in elements]
             seconds += sum(cm.broadcast(s, k, cluster.allgather) for s in selected)
