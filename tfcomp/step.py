@@ -8,8 +8,10 @@ returns the reduced gradients. It never changes the plan and creates no variable
   * compressed buckets: each tensor's gradient plus its error-feedback residual (or DGC momentum
     correction), concatenated, encoded as one tensor (MergeComp), the remainder kept as the new
     residuals; buckets of one strategy share one grouped collective: allgather (decoded by one
-    `sparse_batched_decode` of all K workers' payloads), allreduce (RandomK's shared indices), or
-    AR-Topk (the owner's indices broadcast, values at them allreduced); divided by K for Average;
+    `sparse_batched_decode` of all K workers' payloads), allreduce (RandomK's shared indices),
+    AR-Topk (the owner's indices broadcast, values at them allreduced), or the hash-partitioned
+    sparse allreduce (pairs to their index's owner by one alltoall, the owners' largest sums
+    shared by one allgather; error feedback keeps the pairs an owner dropped); divided by K for Average;
   * dense buckets: one Horovod grouped allreduce each (per dtype), and one more for the other dense
     tensors, with Horovod's prescale/postscale factors (fp16 on the wire for `tfcomp.FP16()`);
   * `tf.IndexedSlices`: Horovod's sparse allreduce (allgather).
