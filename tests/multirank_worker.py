@@ -45,9 +45,10 @@ COMPRESSORS = {
     "TopK AR-Topk VAR": lambda: tfcomp.TopK(0.05, strategy="artopk", artopk_owner="var"),
     "RandomK buckets": lambda: tfcomp.RandomK(0.05, strategy="allreduce"),
     "IntQuant buckets": lambda: tfcomp.IntQuant(4, strategy="allreduce"),
-    "DRAGONN partitioned": lambda: tfcomp.DRAGONN(0.05, strategy="partitioned"),
+    # Per-tensor plans (no calibration) with the hash-partitioned allreduce forced.
+    "DRAGONN partitioned": lambda: tfcomp.DRAGONN(0.05, strategy="partitioned", planning="off", min_elements=256),
     "DGC+momentum partitioned, limit 0.5": lambda: tfcomp.DGC(0.05, momentum=0.9, strategy="partitioned",
-                                                              union_limit=0.5),
+                                                              union_limit=0.5, planning="off", min_elements=256),
     "DRAGONN auto plan": lambda: tfcomp.DRAGONN(0.05),
     # Tried in training (where the plan compresses): 2 steps with it, 2 dense, the choice at the 5th of 8.
     "DRAGONN auto plan, tried": lambda: tfcomp.DRAGONN(0.05, trial_steps=1),
