@@ -73,17 +73,10 @@ def _worker() -> None:
 
 
 def _run_one(cluster, model: str, cache: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "run.json")
-        command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.calibration_benchmark",
-                                               "--role=worker", f"--calibrated_model={model}",
-                                               f"--compressor_config={FLAGS.compressor_config}", f"--record={out}"]
-        done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "2"},
-                           timeout=600, capture=True)
-        if done.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"{model}: exit {done.returncode}\n{(done.stdout or '')[-2000:]}{(done.stderr or '')[-2000:]}")
-        with open(out) as f:
-            return json.load(f)
+    command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.calibration_benchmark", "--role=worker",
+                                           f"--calibrated_model={model}", f"--compressor_config={FLAGS.compressor_config}"]
+    return cluster.run_json(command, "--record", model,
+                            env={"TFCOMP_CALIBRATION_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600)
 
 
 def _spread(values) -> str:

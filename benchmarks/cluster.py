@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -285,6 +286,20 @@ class Cluster:
             process.wait()
             raise
         return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+    def run_json(self, command: list, json_flag: str, label: str, env: dict | None = None,
+                 timeout: float | None = None):
+        """Runs `command` (a worker that writes its findings as JSON to the path given by
+        `json_flag`, e.g. "--json_out", appended here) as `run` does, and returns what it wrote. A
+        non-zero exit or no file is a RuntimeError naming `label`, with the tails of its output."""
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "run.json")
+            done = self.run([*command, f"{json_flag}={out}"], env=env, timeout=timeout, capture=True)
+            if done.returncode != 0 or not os.path.exists(out):
+                raise RuntimeError(f"{label} failed (exit {done.returncode}):\n"
+                                   f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}")
+            with open(out) as f:
+                return json.load(f)
 
 
 def horovodrun_executable() -> str:

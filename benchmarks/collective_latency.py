@@ -19,10 +19,8 @@ Writes collective_latency.json and collective_latency.md into --out_dir.
 
 import json
 import math
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -106,15 +104,10 @@ def _launcher() -> None:
     results = {}
     with Cluster(hosts=max(workers), rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
         for k in workers:
-            with tempfile.TemporaryDirectory() as tmp:
-                out = os.path.join(tmp, "run.json")
-                command = cluster.horovodrun_args(np=k) + [sys.executable, "-m", "benchmarks.collective_latency",
-                                                           "--role=worker", f"--rounds={FLAGS.rounds}",
-                                                           f"--json_out={out}"]
-                done = cluster.run(command, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600, capture=True)
-                if done.returncode != 0 or not os.path.exists(out):
-                    raise RuntimeError(f"K={k}: exit {done.returncode}\n{(done.stderr or '')[-2000:]}")
-                results[str(k)] = json.loads(Path(out).read_text())
+            command = cluster.horovodrun_args(np=k) + [sys.executable, "-m", "benchmarks.collective_latency",
+                                                       "--role=worker", f"--rounds={FLAGS.rounds}"]
+            results[str(k)] = cluster.run_json(command, "--json_out", f"K={k}", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+                                               timeout=600)
             print(f"K={k}: " + ", ".join(f"{name} {1e6 * s:.0f} us" for name, s in results[str(k)].items()), flush=True)
     out_dir = Path(FLAGS.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -21,10 +21,8 @@ Writes sparse_allreduce.json and sparse_allreduce.md into --out_dir.
 
 import dataclasses
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -148,15 +146,11 @@ def _launcher() -> None:
     results = {}
     with Cluster(hosts=max(workers), rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
         for k in workers:
-            with tempfile.TemporaryDirectory() as tmp:
-                out = os.path.join(tmp, "run.json")
-                command = cluster.horovodrun_args(np=k) + [
-                    sys.executable, "-m", "benchmarks.sparse_allreduce", "--role=worker", f"--rounds={FLAGS.rounds}",
-                    f"--ratio={FLAGS.ratio}", f"--json_out={out}"]
-                done = cluster.run(command, env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=1200, capture=True)
-                if done.returncode != 0 or not os.path.exists(out):
-                    raise RuntimeError(f"K={k}: exit {done.returncode}\n{(done.stderr or '')[-3000:]}")
-                results[str(k)] = json.loads(Path(out).read_text())
+            command = cluster.horovodrun_args(np=k) + [
+                sys.executable, "-m", "benchmarks.sparse_allreduce", "--role=worker", f"--rounds={FLAGS.rounds}",
+                f"--ratio={FLAGS.ratio}"]
+            results[str(k)] = cluster.run_json(command, "--json_out", f"K={k}", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+                                               timeout=1200)
             print(f"K={k}: {results[str(k)]}", flush=True)
     out_dir = Path(FLAGS.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

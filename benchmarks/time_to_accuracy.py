@@ -83,19 +83,12 @@ def _warm_cache(cluster, cache, todo) -> None:
 
 
 def _run_one(cluster, model, rate, config, seed, cache) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "run.json")
-        command = cluster.horovodrun_args() + [
-            sys.executable, "-m", "benchmarks.tta_worker", f"--model={model}", f"--config={config}",
-            f"--seed={seed}", f"--steps={FLAGS.steps}", f"--eval_every={FLAGS.eval_every}",
-            f"--json_out={out}"]
-        started = time.perf_counter()
-        done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": cache}, timeout=FLAGS.run_timeout, capture=True)
-        if done.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"{model} {rate} {config} seed {seed} failed (exit {done.returncode}):\n"
-                               f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}")
-        with open(out) as f:
-            run = json.load(f)
+    command = cluster.horovodrun_args() + [
+        sys.executable, "-m", "benchmarks.tta_worker", f"--model={model}", f"--config={config}",
+        f"--seed={seed}", f"--steps={FLAGS.steps}", f"--eval_every={FLAGS.eval_every}"]
+    started = time.perf_counter()
+    run = cluster.run_json(command, "--json_out", f"{model} {rate} {config} seed {seed}",
+                           env={"TFCOMP_CALIBRATION_CACHE": cache}, timeout=FLAGS.run_timeout)
     run.update(rate=rate, job_seconds=time.perf_counter() - started, calibration_cache=FLAGS.calibration_cache)
     return run
 
