@@ -296,6 +296,12 @@ class _Sparsifier(Compressor):
             return None
         return max(1, math.ceil(self.union_limit * pairs / num_workers))
 
+    def owned_pairs(self, pairs: int, num_workers: int) -> int:
+        """The most sums one owner shares in that allreduce: its budget, and never more than the
+        `pairs` slots of each worker (its share of the worst case, a union of K k indices)."""
+        budget = self.owner_budget(pairs, num_workers)
+        return pairs if budget is None else min(budget, pairs)
+
     def payload_bytes(self, size: int) -> int:
         return 8 * self.payload_length(size)
 

@@ -177,15 +177,13 @@ def partitioned_allreduce(compressor, bucket_elements, workers: int, alltoall_ne
                           allgather_network: Network) -> float:
     """The hash-partitioned sparse allreduce of buckets of `bucket_elements` float32 elements: an
     alltoall of every worker's k pairs (8 bytes each, k the payload's slots), then a ring allgather
-    of each owner's summed pairs: at most its owner budget (`compressor.owner_budget`), or, without
-    one, k (its share of the worst case, a union of K k indices), plus its non-finite flag (one pair).
+    of each owner's summed pairs (`compressor.owned_pairs`), plus its non-finite flag (one pair).
     Calibration fits no alltoall network: the exchange prices it with the allreduce network, whose
     per-call cost is nearer to Horovod's alltoall than the allgather's is (one float32 per worker on
     the emulated cluster, unshaped, K = 2, 4, 8: alltoall 0.5, 1.0, 2.2 ms; allreduce 2.8, 3.0, 8.6 ms;
     allgather 2.1, 4.4, 17.5 ms; BENCHMARKS.md)."""
     pairs = sum(compressor.payload_length(n) for n in bucket_elements)
-    budget = compressor.owner_budget(pairs, workers)
-    owned = pairs if budget is None else min(budget, pairs)
+    owned = compressor.owned_pairs(pairs, workers)
     return alltoall(8 * pairs, workers, alltoall_network) + ring_allgather(8 * owned + 8, workers, allgather_network)
 
 

@@ -98,8 +98,6 @@ class _Partitioned(NamedTuple):
 
     def local_indices(self, offset: int, size: int) -> tf.Tensor:
         """int32 [u]: the pairs' indices within the bucket of `size` elements at `offset`; -1 elsewhere."""
-        if offset == 0:
-            return tf.where(self.indices < size, self.indices, -1)
         inside = (self.indices >= offset) & (self.indices < offset + size)
         return tf.where(inside, self.indices - offset, -1)
 
@@ -168,8 +166,7 @@ def wire_bytes(compressor, bucket, num_workers: int) -> int:
         return 4 * compressor.payload_length(bucket.elements)
     if bucket.strategy == "partitioned":
         pairs = compressor.payload_length(bucket.elements)
-        budget = compressor.owner_budget(pairs, num_workers)
-        return 8 * pairs + 8 * (pairs if budget is None else min(budget, pairs))
+        return 8 * pairs + 8 * compressor.owned_pairs(pairs, num_workers)
     return compressor.payload_bytes(bucket.elements)
 
 
