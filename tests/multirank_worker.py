@@ -500,6 +500,46 @@ def check_partitioned(report):
         report[f"partitioned_residual/limit={union_limit}"] = worst_residual
 
 
+def check_replan(report):
+    """Re-planning with ready times: a timeline that has the first layer's gradients ready 5 s after
+    the others splits the one dense bucket in two (the first hides behind the backward pass), every
+    rank alike, and training goes on with the new plan after Keras traces the step again; the
+    Replan callback on measured times decides alike on every rank."""
+    model = make_model()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05))
+    model.compile(opt, loss="mse")
+    x, y = local_data(64)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    exchange = tfcomp.exchange_of(opt)
+    measured = exchange.timeline.read()
+    report["replan/steps_measured"] = measured["steps"]
+    report["replan/ready_seconds"] = measured["ready_seconds"]
+    report["replan/bucket_end_seconds"] = measured["bucket_end_seconds"]
+    report["replan/buckets_before"] = [list(b.positions) for b in exchange.plan.buckets]
+    fabricated = np.zeros([exchange.timeline.window, exchange.timeline.gradients])
+    fabricated[:, :2] = 5.0  # the first Dense layer's kernel and bias
+    exchange.timeline.ready.assign(fabricated)
+    exchange.timeline.steps.assign(exchange.timeline.window)
+    report["replan/changed"] = exchange.replan()
+    report["replan/buckets_after"] = [list(b.positions) for b in exchange.plan.buckets]
+    report["replan/digest"] = str(exchange.plan.digest())
+    model.make_train_function(force=True)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    report["replan/steps_after"] = exchange.timeline.read()["steps"]
+    report["spread/replanned"] = weights_spread(model)
+
+    model = make_model()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05))
+    model.compile(opt, loss="mse")
+    callback = tfcomp.keras.Replan(after_steps=3)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
+    report["replan/callback"] = callback.replanned
+    report["replan/callback_digest"] = str(tfcomp.exchange_of(opt).plan.digest())
+    report["spread/Replan callback"] = weights_spread(model)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -507,7 +547,7 @@ def main():
     hvd.init()
     report = {"size": hvd.size(), "rank": hvd.rank()}
     for check in (check_exchange_semantics, check_training, check_trial, check_embedding, check_checkpoint,
-                  check_loss_scale_skip, check_planning, check_partitioned):
+                  check_loss_scale_skip, check_planning, check_partitioned, check_replan):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

@@ -49,7 +49,8 @@ def test_weights_identical_on_all_ranks(reports):
                 "IntQuant buckets", "DRAGONN buckets", "DRAGONN AR-Topk STAR", "TopK AR-Topk VAR", "RandomK buckets", "DRAGONN auto plan",
                 "hvd.Compression.none", "hvd.Compression.fp16", "eager", "legacy_optimizer", "embedding",
                 "backward_passes_per_step=2", "DGC+momentum", "DRAGONN+warmup", "gradient_predivide_factor=2",
-                "op=Sum", "embedding sparse_as_dense", "DRAGONN auto plan, tried"}
+                "op=Sum", "embedding sparse_as_dense", "DRAGONN auto plan, tried", "replanned",
+                "Replan callback"}
     assert expected <= set(spreads)
     assert {name: s for name, s in spreads.items() if max(s) != EXACT} == {}
 
@@ -150,6 +151,24 @@ def test_plan_is_the_same_on_every_rank(reports):
     c0, c1 = cluster.encode_decode.c0, cluster.encode_decode.c1
     assert c0 >= 0 and c1 >= 0 and c0 + c1 * 2**20 > 0  # compressing a million elements costs something
     assert set(reports[0]["plan/strategies"]) <= {"dense", "allgather", "artopk"}
+
+
+def test_replan_with_ready_times_splits_the_dense_bucket_alike_on_every_rank(reports):
+    gradients = 6  # make_model's kernels and biases
+    for r in reports:
+        assert r["replan/steps_measured"] == 4  # one epoch of 4 steps
+        ready = r["replan/ready_seconds"]
+        assert len(ready) == gradients and min(ready) < 1.0 and all(0.0 <= t < 60.0 for t in ready)
+        assert len(r["replan/bucket_end_seconds"]) == len(r["replan/buckets_before"])
+        assert all(t >= 0.0 for t in r["replan/bucket_end_seconds"])
+        # Backprop order; the small model's one dense bucket, then the first layer's two gradients apart.
+        assert r["replan/buckets_before"] == [[5, 4, 3, 2, 1, 0]]
+        assert r["replan/changed"] is True
+        assert sorted(map(sorted, r["replan/buckets_after"])) == [[0, 1], [2, 3, 4, 5]]
+        assert r["replan/steps_after"] == 4  # the new plan's timeline, over the second epoch
+    assert len({r["replan/digest"] for r in reports}) == 1
+    assert len({r["replan/callback_digest"] for r in reports}) == 1
+    assert len({r["replan/callback"] for r in reports}) == 1 and reports[0]["replan/callback"] in (True, False)
 
 
 def test_network_figures_that_cannot_explain_the_compression_probes_are_measured_again(reports):

@@ -43,18 +43,23 @@ def test_search_finds_the_best_partition_brute_force_finds(rng, trial):
                     c0=float(rng.uniform(1e-5, 1e-3)), c1=float(rng.uniform(1e-10, 1e-8)))
     compressor = tfcomp.DRAGONN(0.01)
     tensors = backprop(sizes)
+    strategies = cm.available_strategies(compressor)
+    # The dynamic programme is exact for every number of groups.
+    partitions = planning._best_partitions(tensors, [0.0] * len(sizes), strategies, compressor, model, len(sizes))
+    assert sorted(partitions) == list(range(1, len(sizes) + 1))
+    for y, buckets in partitions.items():
+        assert len(buckets) == y
+        found = sum(b.predicted.total for b in buckets)
+        assert found == pytest.approx(brute_force(tensors, compressor, model, y), rel=1e-9, abs=1e-12)
+        order = [p for b in buckets for p in b.positions]
+        assert order == [p for p, _, _ in tensors]  # contiguous, in backprop order
+    # Algorithm 2 keeps a candidate only where it is faster, and the plan is never slower than all dense.
     plan = planning.make_plan(tensors, compressor, model, max_groups=len(sizes), min_gain=0.0)
-    found = sum(b.predicted.total for b in plan.buckets)
-    # With min_gain 0, Algorithm 2 walks y while it helps; the DP is exact for each y.
-    best = min(brute_force(tensors, compressor, model, y) for y in range(1, len(sizes) + 1))
-    y_walk = 1
-    while y_walk < len(sizes) and brute_force(tensors, compressor, model, y_walk + 1) < brute_force(tensors, compressor, model, y_walk):
-        y_walk += 1
-    assert found <= brute_force(tensors, compressor, model, y_walk) * (1 + 1e-9) + 1e-12
-    assert found >= best * (1 - 1e-9)
+    one_bucket = planning.Plan(tuple(partitions[1]), plan.names, compressor, model)
+    assert planning.predicted_exchange_time(plan) <= planning.predicted_exchange_time(one_bucket) * (1 + 1e-12)
+    assert planning.predicted_exchange_time(plan) <= planning.all_dense_time(plan) * (1 + 1e-12)
     assert sorted(p for b in plan.buckets for p in b.positions) == list(range(len(sizes)))
-    order = [p for b in plan.buckets for p in b.positions]
-    assert order == [p for p, _, _ in tensors]  # contiguous, in backprop order
+    assert [p for b in plan.buckets for p in b.positions] == [p for p, _, _ in tensors]
 
 
 def test_slow_network_compresses_the_big_tensors_fast_network_sends_dense():
@@ -102,7 +107,7 @@ def test_forced_strategy_and_planning_off():
                                                                ((1,), "allgather"), ((0,), "dense")]
 
 
-def test_neighbouring_dense_buckets_are_merged_and_priced_as_one_collective():
+def test_neighbouring_dense_buckets_are_merged_and_the_dense_allreduce_runs_beside_the_encode():
     sizes = [10, 20, 30, 2**22, 40]
     plan = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.001), cluster(gbps=0.5))
     strategies = [b.strategy for b in plan.buckets]
@@ -110,8 +115,10 @@ def test_neighbouring_dense_buckets_are_merged_and_priced_as_one_collective():
     model = plan.cluster
     dense_elements = sum(b.elements for b in plan.buckets if b.strategy == "dense")
     compressed = [b for b in plan.buckets if b.strategy == "allgather"]
-    expected = (cm.ring_allreduce(4 * dense_elements, 2, model.allreduce) * (dense_elements > 0)
-                + sum(model.encode_decode(b.elements) for b in compressed)
+    # All ready at once: the dense allreduce goes first, on the network while the buckets are encoded.
+    assert dense_elements > 0 and compressed
+    expected = (max(cm.ring_allreduce(4 * dense_elements, 2, model.allreduce),
+                    sum(model.encode_decode(b.elements) for b in compressed))
                 + cm.ring_allgather(sum(8 * round(0.001 * b.elements) + 4 for b in compressed), 2, model.allgather))
     assert planning.predicted_exchange_time(plan) == pytest.approx(expected)
 
@@ -119,8 +126,20 @@ def test_neighbouring_dense_buckets_are_merged_and_priced_as_one_collective():
 def test_overlap_lets_later_buckets_hide_behind_the_backward_pass():
     sizes = [2**20] * 4
     ready = [0.0, 0.05, 0.10, 0.15]  # backprop order: the first bucket's gradients are ready first
-    plan = planning.make_plan(backprop(sizes), tfcomp.NoCompression(), cluster(gbps=10.0), ready_seconds=ready)
-    assert len(plan.buckets) == 1  # all dense: merged into one allreduce
+    model = cluster(gbps=10.0)
+    after = planning.make_plan(backprop(sizes), tfcomp.NoCompression(), model)
+    assert len(after.buckets) == 1  # all ready at once: one allreduce
+    plan = planning.make_plan(backprop(sizes), tfcomp.NoCompression(), model, ready_seconds=ready)
+    # The first three gradients' allreduce hides behind the backward pass; only the last one's shows.
+    assert [b.positions for b in plan.buckets] == [(3, 2, 1), (0,)]
+    one = cm.ring_allreduce(4 * 2**20, 2, model.allreduce)
+    assert planning.predicted_exchange_time(plan) == pytest.approx(0.15 + one)
+    merged = planning.Plan((after.buckets[0],), plan.names, plan.compressor, model, plan.ready)
+    assert planning.predicted_exchange_time(merged) == pytest.approx(0.15 + cm.ring_allreduce(16 * 2**20, 2, model.allreduce))
+    with pytest.raises(ValueError, match="ready_seconds must give one time per tensor"):
+        planning.make_plan(backprop(sizes), tfcomp.NoCompression(), model, ready_seconds=ready[:3])
+    with pytest.raises(ValueError, match="ready_seconds must be finite seconds >= 0"):
+        planning.make_plan(backprop(sizes), tfcomp.NoCompression(), model, ready_seconds=[0.0, -1.0, 0.1, 0.2])
     # Timeline arithmetic of 000 Sec. 4.1 with two dense buckets.
     assert cm.overlapped_dense_iteration(0.2, [0.05, 0.03]) == pytest.approx(0.23)
     assert cm.overlapped_dense_iteration(0.01, [0.05, 0.03]) == pytest.approx(0.08)

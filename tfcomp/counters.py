@@ -15,12 +15,27 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-__all__ = ["ExchangeCounters", "tensor_bytes"]
+__all__ = ["ExchangeCounters", "stamp", "tensor_bytes"]
 
 
 def tensor_bytes(tensor) -> tf.Tensor:
     """float64 scalar: the bytes of `tensor` (its run-time size times its dtype's size)."""
     return tf.cast(tf.size(tensor, out_type=tf.int64), tf.float64) * float(tensor.dtype.size)
+
+
+def stamp(tensors=()) -> tf.Tensor:
+    """float64 scalar: the time (seconds since the epoch) once `tensors` are all computed.
+
+    Inside a `tf.function`, TensorFlow runs stateful ops that touch no resource (a timestamp among
+    them) in the order they were created; a clock waiting for the last gradient would then hold
+    back every later timestamp, and whatever waits for one (a trial's tf.cond, and through it every
+    bucket). This one is marked to run independently: it waits only for `tensors`."""
+    with tf.control_dependencies([t for t in tensors if isinstance(t, tf.Tensor)]):
+        now = tf.timestamp()
+    manager = getattr(now.graph, "experimental_acd_manager", None)
+    if manager is not None:
+        manager.run_independently(now.op)
+    return now
 
 
 class ExchangeCounters:
@@ -41,14 +56,12 @@ class ExchangeCounters:
     @staticmethod
     def start(tensors) -> tf.Tensor:
         """float64 scalar: the time (seconds since the epoch) once `tensors` are all computed."""
-        with tf.control_dependencies([t for t in tensors if isinstance(t, tf.Tensor)]):
-            return tf.timestamp()
+        return stamp(tensors)
 
     def finish(self, started, outputs, dense_bytes: float):
         """Counts one step that started at `started` and ends once `outputs` are computed; returns
         the update op."""
-        with tf.control_dependencies([t for t in outputs if isinstance(t, tf.Tensor)]):
-            elapsed = tf.timestamp() - started
+        elapsed = stamp(outputs) - started
         return tf.group(self.steps.assign_add(1), self.seconds.assign_add(elapsed),
                         self.dense_bytes.assign_add(tf.constant(float(dense_bytes), tf.float64)))
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -88,11 +89,14 @@ class _UntrackedFunction:
 
 
 class _PlanEntry:
-    """A plan, the sources it was made for, its `StepRuntime`, and its eager step function (made
-    on first eager use)."""
+    """A plan, what it was made from (the planner's tensors and signature, the gradients' specs,
+    their sources), its `StepRuntime`, and its eager step function (made on first eager use)."""
 
-    def __init__(self, plan, sources, runtime):
+    def __init__(self, plan, tensors, signature, specs, sources, runtime):
         self.plan = plan
+        self.tensors = tensors
+        self.signature = signature
+        self.specs = specs
         self.sources = sources
         self.runtime = runtime
         self.eager_step = None
@@ -153,8 +157,10 @@ class GradientExchange(tf.Module):
             "sparse_as_dense": self.sparse_as_dense})
         self._fixed_plan = plan
         self._plans = {}
+        self._last_key = None
         self.plan = plan
         self.trial = None
+        self.timeline = None  # the current plan's tfcomp.timeline.ExchangeTimeline
         self.records: tuple = ()
 
     # -- state -------------------------------------------------------------------------------------
@@ -232,16 +238,56 @@ class GradientExchange(tf.Module):
         candidates = [i for i, g in enumerate(grads) if self._compressible(g)]
         # Backprop order: the last variables' gradients are computed first.
         tensors = [(i, names[i], int(grads[i].shape.num_elements())) for i in reversed(candidates)]
+        specs = [tf.TensorSpec(g.shape, g.dtype) for g in grads]
         with tf.init_scope():
             plan = self._fixed_plan if self._fixed_plan is not None else self._planner.plan(tensors, signature)
-            trial_steps = self.compressor.tried_steps if self._fixed_plan is None and self._collectives.size > 1 else 0
-            runtime = self._step_graph.create_state(plan, grads, keys, trial_steps)
+        entry = self._install(cache_key, plan, tensors, signature, specs, keys)
         self._take_restored_state()
         if self._collectives.rank == 0 and self._collectives.size > 1 and self.compressor.planning == "auto" and tensors:
             logging.info("tfcomp: calibrated in %.1f s\n%s", self.calibration_seconds, plan.table())
-        self._plans[cache_key] = entry = _PlanEntry(plan, keys, runtime)
-        self.plan, self.trial = plan, runtime.trial
         return entry
+
+    def _install(self, cache_key, plan, tensors, signature, specs, keys) -> _PlanEntry:
+        """Makes `plan` the one run for `cache_key`'s gradients: its memory and runtime created
+        (eagerly), a trial where it compresses and the planner made it."""
+        with tf.init_scope():
+            trial_steps = self.compressor.tried_steps if self._fixed_plan is None and self._collectives.size > 1 else 0
+            runtime = self._step_graph.create_state(plan, specs, keys, trial_steps)
+        self._plans[cache_key] = entry = _PlanEntry(plan, tensors, signature, specs, keys, runtime)
+        self._last_key = cache_key
+        self.plan, self.trial, self.timeline = plan, runtime.trial, runtime.timeline
+        return entry
+
+    def replan(self) -> bool:
+        """Makes the plan of the last list of gradients again, with when each gradient became ready
+        in the steps run so far (`timeline`: medians over its last steps, the latest over the ranks,
+        since a collective waits for its slowest rank), so that the search weighs the overlap of
+        dense buckets with the backward pass. Call it eagerly, on every rank at the same step
+        (`tfcomp.keras.Replan` does), after at least one step. Returns whether the plan changed:
+        then the training step must be traced again to run it (Keras: `model.make_train_function(
+        force=True)`, which the callback does; a custom loop: a new `tf.function`); the new plan is
+        tried in training like the first. False (nothing done) with planning="off", a fixed plan
+        or one worker. Residuals carry over; a bucket now sent dense sends its residual first."""
+        entry = self._plans.get(self._last_key)
+        if (entry is None or self._fixed_plan is not None or self.compressor.planning != "auto"
+                or self._collectives.size < 2 or not entry.tensors):
+            return False
+        measured = entry.runtime.timeline.read()
+        if measured["steps"] == 0:
+            raise RuntimeError("tfcomp: replan() needs the ready times of at least one training step; call it after "
+                               "training has run")
+        with tf.init_scope():
+            ready = self._collectives.allgather([tf.constant(measured["ready_seconds"], tf.float64)])[0]
+            latest = np.max(np.reshape(ready.numpy(), [self._collectives.size, -1]), axis=0)
+            plan = self._planner.plan(entry.tensors, entry.signature,
+                                      ready_seconds=[float(latest[p]) for p, _, _ in entry.tensors])
+        if plan.digest() == entry.plan.digest():
+            return False
+        self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources)
+        if self._collectives.rank == 0:
+            logging.info("tfcomp: re-planned with the gradients' ready times measured over %d steps\n%s",
+                         measured["steps"], plan.table())
+        return True
 
     def _take_restored_state(self) -> None:
         """After a restore (the first time a list of gradients is seen): takes this rank's own

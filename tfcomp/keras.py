@@ -5,6 +5,10 @@
                               tf.keras.callbacks.CSVLogger("train.csv"),
                               tf.keras.callbacks.TensorBoard("logs")])
 
+`Replan(after_steps=30)` makes the exchange's plan again once, with when each gradient became ready
+in those steps (`GradientExchange.replan`), so that dense buckets are priced with their overlap
+of the backward pass, and has Keras trace the training step again where the plan changed.
+
 `CompressionMonitor` adds, at the end of every epoch, these entries to the epoch's `logs` (so the
 progress bar, and the callbacks after it in the list, such as `CSVLogger` and `TensorBoard`, show
 them), all measured over the epoch's steps on this worker:
@@ -34,7 +38,7 @@ from absl import logging
 
 from tfcomp.exchange import exchange_of
 
-__all__ = ["CompressionMonitor"]
+__all__ = ["CompressionMonitor", "Replan"]
 
 _MB = 1e6
 
@@ -104,3 +108,36 @@ class CompressionMonitor(tf.keras.callbacks.Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+class Replan(tf.keras.callbacks.Callback):
+    """Re-plans the tfcomp exchange once, after `after_steps` training steps (counted over every
+    `fit` call), with the gradients' ready times measured in them (`GradientExchange.replan`, on
+    every rank at the same step), and rebuilds Keras's training function where the plan changed so
+    that the next step runs it. `replanned`: None until then, else whether the plan changed. Does
+    nothing for an optimizer that runs no tfcomp exchange.
+
+    Args:
+      after_steps: training steps to measure first (>= 1; default 30: past the first plan's trial
+        of 2 x 11 steps, and the timeline's 20-step window full).
+    """
+
+    def __init__(self, after_steps: int = 30):
+        super().__init__()
+        if isinstance(after_steps, bool) or not isinstance(after_steps, int) or after_steps < 1:
+            raise ValueError(f"after_steps must be an integer >= 1, got {after_steps!r}")
+        self.after_steps = after_steps
+        self.replanned = None
+        self._steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        if self._steps != self.after_steps:
+            return
+        try:
+            exchange = exchange_of(self.model.optimizer)
+        except TypeError:
+            return
+        self.replanned = exchange.replan()
+        if self.replanned:
+            self.model.make_train_function(force=True)

@@ -51,10 +51,11 @@ class Planner:
         self.cluster = None
         self.calibration_seconds = 0.0  # how long calibration took (0: none)
 
-    def plan(self, tensors, signature) -> planning.Plan:
+    def plan(self, tensors, signature, ready_seconds=None) -> planning.Plan:
         """The plan for `tensors` = [(position, name, elements)] in backprop order (the gradients
         that may be compressed), checked equal on all ranks. `signature`: a `TensorSignature` per
-        gradient of the exchange's list, in its order."""
+        gradient of the exchange's list, in its order. `ready_seconds`: when each of `tensors` is
+        ready (`tfcomp.planning.make_plan`), the same on every rank; None: all after the backward pass."""
         workers = self.process_set.size()
         if workers > 1:
             self._check_agreement(signature)
@@ -67,7 +68,7 @@ class Planner:
                                                      max_elements=sum(n for _, _, n in tensors),
                                                      tensor_elements=[n for _, _, n in tensors])
                 self.calibration_seconds = time.perf_counter() - start
-            plan = planning.make_plan(tensors, self.compressor, self.cluster)
+            plan = planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds)
         if workers > 1:
             self._check_plan(plan)
         return plan

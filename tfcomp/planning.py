@@ -12,8 +12,12 @@ walks y = 1, 2, ... and stops when one more group no longer helps by `min_gain` 
 (`ClusterModel.compression_fixed`) is added to the result, and a plan that then is not faster than
 all dense becomes all dense. No training step is probed: it is arithmetic on calibrated figures.
 
+With the gradients' ready times (measured in training: `tfcomp.timeline`) a bucket may start before
+the backward pass ends, and plans are priced by when their exchange ends.
+
 `per_tensor_plan` is the plan with planning="off": one bucket per tensor. `predicted_exchange_time`
-prices a plan as the exchange runs it (one fused collective per strategy: latency paid once).
+prices a plan as the exchange runs it (one grouped collective per compressed strategy, dense
+allreduces in the order they are ready, fused where they are ready together); the search uses it too.
 `tfcomp.planner` compares plans across ranks; `PlanMismatchError` is what it raises on every rank.
 """
 
@@ -51,12 +55,15 @@ class Bucket:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Buckets in the order they are formed, the tensor names by position, what it was made from."""
+    """Buckets in the order they are formed, the tensor names by position, what it was made from,
+    and when each gradient is ready (seconds from the exchange's first gradient; {}: all at once,
+    after the backward pass)."""
 
     buckets: tuple
     names: dict
     compressor: object
     cluster: cm.ClusterModel
+    ready: dict = dataclasses.field(default_factory=dict)  # {position: seconds}; absent: 0
 
     def digest(self) -> int:
         """A 63-bit hash of everything that decides what the exchange runs (equal on all ranks)."""
@@ -80,8 +87,13 @@ class Plan:
         for i, b in enumerate(self.buckets):
             lines.append(f"{i:6d} {len(b.positions):7d} {b.elements:11d} {b.strategy:>10s} "
                          f"{1e3 * b.predicted.total:12.3f} {1e3 * b.dense_seconds:9.3f}  {self.names[b.positions[0]]}")
-        lines.append(f"exchange per step: {1e3 * predicted_exchange_time(self):.3f} ms with this plan, "
-                     f"{1e3 * all_dense_time(self):.3f} ms all dense")
+        if any(self.ready.values()):
+            lines.append(f"gradients ready over {1e3 * max(self.ready.values()):.3f} ms of the backward pass; the "
+                         f"exchange ends {1e3 * predicted_exchange_time(self):.3f} ms after the first with this plan, "
+                         f"{1e3 * all_dense_time(self):.3f} ms all dense")
+        else:
+            lines.append(f"exchange per step: {1e3 * predicted_exchange_time(self):.3f} ms with this plan, "
+                         f"{1e3 * all_dense_time(self):.3f} ms all dense")
         return "\n".join(lines)
 
 
@@ -125,19 +137,76 @@ def _check_cluster(cluster) -> None:
     cluster.validate()
 
 
+def _checked_ready(ready_seconds, count: int) -> list:
+    """`ready_seconds` as a list of `count` floats (all 0 where None); ValueError naming what is wrong."""
+    if ready_seconds is None:
+        return [0.0] * count
+    ready = [float(t) for t in ready_seconds]
+    if len(ready) != count:
+        raise ValueError(f"ready_seconds must give one time per tensor: got {len(ready)} for {count} tensors")
+    bad = [t for t in ready if not 0.0 <= t < float("inf")]
+    if bad:
+        raise ValueError(f"ready_seconds must be finite seconds >= 0, got {bad[0]!r}")
+    return ready
+
+
 def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=None, max_groups: int = 8,
               min_gain: float = 0.01) -> Plan:
     """Buckets and strategies for `tensors` = [(position, name, elements)] in backprop order.
 
-    ready_seconds: for each tensor, when its gradient is ready relative to the start of the exchange
-    (default: all at 0, which is how Keras and Horovod call the exchange: after the backward pass).
+    ready_seconds: for each tensor, when its gradient is ready, in seconds from the exchange's first
+    gradient (default: all at 0, an exchange after the backward pass). With them a bucket may start
+    before the backward pass ends, so the search weighs the overlap a dense bucket gets against what
+    compressing saves. Every candidate (each number of groups, and the best all-dense plan the plan
+    is compared with) is priced by `predicted_exchange_time`, the function that prices the final
+    plan; neighbouring dense buckets are merged only where that is not slower.
     """
     _check_cluster(cluster)
     tensors = list(tensors)
     if not tensors:
         return Plan((), {}, compressor, cluster)
+    ready = _checked_ready(ready_seconds, len(tensors))
+    context = (tensors, {p: name for p, name, _ in tensors},
+               {p: t for (p, _, _), t in zip(tensors, ready)} if any(ready) else {})
     strategies = (compressor.strategy,) if compressor.strategy else cm.available_strategies(compressor)
-    ready = list(ready_seconds) if ready_seconds is not None else [0.0] * len(tensors)
+    plan = _search(context, ready, strategies, compressor, cluster, max_groups, min_gain)
+    if plan.compressed and "dense" in strategies:
+        dense = _search(context, ready, ("dense",), compressor, cluster, max_groups, min_gain)
+        if predicted_exchange_time(dense) <= predicted_exchange_time(plan):
+            # What compressed buckets cost once per exchange (cluster.compression_fixed) outweighs what they save.
+            return dense
+    return plan
+
+
+def _search(context, ready, strategies, compressor, cluster, max_groups: int, min_gain: float) -> Plan:
+    """The best plan with `strategies`: Algorithm 2 walks y = 1, 2, ... over `_best_partitions`,
+    each priced by `predicted_exchange_time` once its dense neighbours are merged, and stops when one
+    more group no longer helps by `min_gain`."""
+    tensors, names, ready_by_position = context
+    candidates = _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups)
+
+    def plan_of(y: int) -> Plan:
+        return _merge_neighbours(Plan(tuple(candidates[y]), names, compressor, cluster, ready_by_position))
+
+    best = plan_of(1)
+    best_time = predicted_exchange_time(best)
+    for y in range(2, len(candidates) + 1):
+        candidate = plan_of(y)
+        seconds = predicted_exchange_time(candidate)
+        if seconds >= best_time:
+            break
+        gain = best_time - seconds
+        best, previous, best_time = candidate, best_time, seconds
+        if gain < min_gain * previous:
+            break
+    return best
+
+
+def _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups: int) -> dict:
+    """{y: [Bucket]}: for every y up to `max_groups`, the partition of `tensors` (backprop order)
+    into y contiguous buckets, each with its cheapest strategy, that finishes first when each bucket
+    starts once its last gradient is `ready` and the previous bucket is done (MergeComp's dynamic
+    programme; with no ready times, the least summed cost). Long lists are cut into `_units` first."""
     units = _units([n for _, _, n in tensors])
     prefix = [0]
     for start, end in units:
@@ -162,33 +231,21 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
                 t = max(unit_ready[j - 1], finish[y - 1][i]) + cost[i, j][1].total
                 if t < finish[y][j]:
                     finish[y][j], choice[y][j] = t, i
-    # MergeComp Algorithm 2: more groups while they help by at least min_gain.
-    best_y = 1
-    for y in range(2, groups + 1):
-        previous = finish[y - 1][count]
-        if finish[y][count] >= previous:
-            break
-        best_y = y
-        if previous - finish[y][count] < min_gain * previous:
-            break
-    cuts, j, y = [], count, best_y
-    while j > 0:
-        i = choice[y][j]
-        cuts.append((i, j))
-        j, y = i, y - 1
-    buckets = []
-    for i, j in reversed(cuts):
-        members = [t for start, end in units[i:j] for t in tensors[start:end]]
-        strategy, predicted = cost[i, j]
-        dense = cm.strategy_time("dense", prefix[j] - prefix[i], compressor, cluster, tensors=len(members)).total
-        buckets.append(Bucket(tuple(p for p, _, _ in members), prefix[j] - prefix[i], strategy, predicted, dense))
-    names = {p: name for p, name, _ in tensors}
-    plan = Plan(tuple(_merge_neighbours(buckets, compressor, cluster)), names, compressor, cluster)
-    if plan.compressed and "dense" in strategies and predicted_exchange_time(plan) >= all_dense_time(plan):
-        # What compressed buckets cost once per exchange (cluster.compression_fixed) outweighs what they save.
-        return Plan(tuple(_merge_neighbours([_dense_bucket(b, compressor, cluster) for b in plan.buckets],
-                                            compressor, cluster)), names, compressor, cluster)
-    return plan
+    partitions = {}
+    for groups_wanted in range(1, groups + 1):
+        cuts, j, y = [], count, groups_wanted
+        while j > 0:
+            i = choice[y][j]
+            cuts.append((i, j))
+            j, y = i, y - 1
+        buckets = []
+        for i, j in reversed(cuts):
+            members = [t for start, end in units[i:j] for t in tensors[start:end]]
+            strategy, predicted = cost[i, j]
+            dense = cm.strategy_time("dense", prefix[j] - prefix[i], compressor, cluster, tensors=len(members)).total
+            buckets.append(Bucket(tuple(p for p, _, _ in members), prefix[j] - prefix[i], strategy, predicted, dense))
+        partitions[groups_wanted] = buckets
+    return partitions
 
 
 def _dense_bucket(bucket, compressor, cluster):
@@ -196,17 +253,23 @@ def _dense_bucket(bucket, compressor, cluster):
     return Bucket(bucket.positions, bucket.elements, "dense", time, time.total)
 
 
-def _merge_neighbours(buckets, compressor, cluster):
-    """Neighbouring dense buckets are one allreduce anyway: shown and run as one bucket."""
+def _merge_neighbours(plan: Plan) -> Plan:
+    """Neighbouring dense buckets merged into one where the plan is then not slower (with no ready
+    times always: dense allreduces ready together go as one anyway); kept apart where the first
+    one's overlap with the backward pass pays (001's two buckets against one)."""
     merged = []
-    for b in buckets:
+    for b in plan.buckets:
         if merged and merged[-1].strategy == "dense" == b.strategy:
-            last = merged.pop()
-            elements = last.elements + b.elements
-            time = cm.strategy_time("dense", elements, compressor, cluster, tensors=len(last.positions) + len(b.positions))
-            b = Bucket(last.positions + b.positions, elements, "dense", time, time.total)
+            last = merged[-1]
+            joined = _dense_bucket(Bucket(last.positions + b.positions, last.elements + b.elements, "dense",
+                                          last.predicted, 0.0), plan.compressor, plan.cluster)
+            apart = dataclasses.replace(plan, buckets=tuple(merged + [b]))
+            together = dataclasses.replace(plan, buckets=tuple(merged[:-1] + [joined]))
+            if predicted_exchange_time(together) <= predicted_exchange_time(apart):
+                merged[-1] = joined
+                continue
         merged.append(b)
-    return merged
+    return dataclasses.replace(plan, buckets=tuple(merged))
 
 
 def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
@@ -224,45 +287,73 @@ def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
 
 
 def predicted_exchange_time(plan: Plan) -> float:
-    """Seconds per step as the exchange runs the plan: one grouped collective per strategy (its
-    latency paid once), every compressed bucket's encode and decode, the fixed cost of compressing
-    at all (once), one broadcast per AR-Topk bucket, and the per-tensor bookkeeping of every tensor
-    put in a collective."""
-    cluster, k = plan.cluster, plan.cluster.workers
-    by_strategy = {}
-    for b in plan.buckets:
-        by_strategy.setdefault(b.strategy, []).append(b)
-    compressor = plan.compressor
-    dense_tensors = sum(len(b.positions) for b in by_strategy.get("dense", []))
-    wire_tensors = cm.WIRE_TENSORS * sum(1 for b in plan.buckets if b.strategy != "dense")
-    seconds = (dense_tensors + wire_tensors) * cluster.per_tensor if k > 1 else 0.0
-    if plan.compressed:
-        seconds += cluster.compression_fixed
-    for strategy, buckets in by_strategy.items():
-        elements = [b.elements for b in buckets]
-        seconds += sum(b.predicted.compression for b in buckets)
-        if strategy == "dense":
-            seconds += cm.ring_allreduce(compressor.dense_element_bytes * sum(elements), k, cluster.allreduce)
-        elif strategy == "allgather":
-            seconds += cm.ring_allgather(sum(compressor.payload_bytes(n) + 4 for n in elements), k, cluster.allgather)
-        elif strategy == "allreduce":
-            seconds += cm.ring_allreduce(sum(compressor.payload_bytes(n) + 4 for n in elements), k, cluster.allreduce)
-        elif strategy == "partitioned":
-            seconds += cm.partitioned_allreduce(compressor, elements, k, cluster.allreduce, cluster.allgather)
+    """Seconds from the exchange's first gradient until its last reduced gradient, as the exchange
+    runs the plan, given when each gradient is ready (`plan.ready`; all at 0: the whole exchange
+    after the backward pass, and this is the sum of its parts).
+
+    Each dense bucket is one allreduce that may start once its last gradient is ready; the
+    compressed buckets of one strategy share one grouped collective, which starts once all of them
+    are encoded (each bucket's encode and decode, `predicted.compression`, once its gradients are
+    ready, one after another); an AR-Topk group pays one broadcast per bucket. Collectives run one
+    at a time in the order they become ready (Horovod's background loop), dense allreduces that are
+    ready when the network frees up go as one (its fusion: latency paid once), every tensor put in
+    a collective adds the per-tensor bookkeeping, and what compressing costs once per step
+    (`cluster.compression_fixed`) comes last. The exchange ends no earlier than the last gradient."""
+    cluster, k, compressor = plan.cluster, plan.cluster.workers, plan.compressor
+    per_tensor = cluster.per_tensor if k > 1 else 0.0
+
+    def ready_of(bucket) -> float:
+        return max(plan.ready.get(p, 0.0) for p in bucket.positions)
+
+    dense = [(ready_of(b), compressor.dense_element_bytes * b.elements, len(b.positions))
+             for b in plan.buckets if b.strategy == "dense"]
+    groups = {}
+    for b in plan.compressed:
+        groups.setdefault(b.strategy, []).append(b)
+    collectives = []  # (ready, seconds on the network)
+    for strategy, buckets in groups.items():
+        encoded = 0.0
+        for b in sorted(buckets, key=ready_of):
+            encoded = max(encoded, ready_of(b)) + b.predicted.compression
+        network = _group_communication(strategy, [b.elements for b in buckets], compressor, cluster)
+        collectives.append((encoded, network + cm.WIRE_TENSORS * len(buckets) * per_tensor))
+    dense.sort()
+    collectives.sort()
+    free = 0.0
+    while dense or collectives:
+        if dense and (not collectives or dense[0][0] <= collectives[0][0]):
+            start = max(free, dense[0][0])
+            fused = [d for d in dense if d[0] <= start]
+            dense = dense[len(fused):]
+            free = start + cm.ring_allreduce(sum(d[1] for d in fused), k, cluster.allreduce) + per_tensor * sum(
+                d[2] for d in fused)
         else:
-            selected = [4 * compressor.payload_length(n) for n in elements]
-            seconds += sum(cm.broadcast(s, k, cluster.allgather) for s in selected)
-            seconds += cm.ring_allreduce(sum(s + 4 for s in selected), k, cluster.allreduce)
-            if getattr(compressor, "artopk_owner", "star") == "var":
-                seconds += cm.ring_allgather(4 * len(selected), k, cluster.allgather)
+            ready, seconds = collectives.pop(0)
+            free = max(free, ready) + seconds
+    end = max([free] + list(plan.ready.values()))
+    return end + (cluster.compression_fixed if plan.compressed else 0.0)
+
+
+def _group_communication(strategy: str, elements: list, compressor, cluster: cm.ClusterModel) -> float:
+    """Network seconds of one grouped collective of compressed buckets of `elements` each."""
+    k = cluster.workers
+    if strategy == "allgather":
+        return cm.ring_allgather(sum(compressor.payload_bytes(n) + 4 for n in elements), k, cluster.allgather)
+    if strategy == "allreduce":
+        return cm.ring_allreduce(sum(compressor.payload_bytes(n) + 4 for n in elements), k, cluster.allreduce)
+    if strategy == "partitioned":
+        return cm.partitioned_allreduce(compressor, elements, k, cluster.allreduce, cluster.allgather)
+    selected = [4 * compressor.payload_length(n) for n in elements]
+    seconds = sum(cm.broadcast(s, k, cluster.allgather) for s in selected)
+    seconds += cm.ring_allreduce(sum(s + 4 for s in selected), k, cluster.allreduce)
+    if getattr(compressor, "artopk_owner", "star") == "var":
+        seconds += cm.ring_allgather(4 * len(selected), k, cluster.allgather)
     return seconds
 
 
 def all_dense_time(plan: Plan) -> float:
-    """Seconds per step with every bucket of the plan in one dense allreduce."""
-    total = sum(b.elements for b in plan.buckets)
-    tensors = sum(len(b.positions) for b in plan.buckets)
-    return cm.strategy_time("dense", total, plan.compressor, plan.cluster, tensors=tensors).total
+    """`predicted_exchange_time` of the plan with every bucket sent dense."""
+    return predicted_exchange_time(plan.all_dense())
 
 
 class PlanMismatchError(RuntimeError):

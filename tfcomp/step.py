@@ -42,6 +42,7 @@ from tfcomp import ops
 from tfcomp.collectives import grouped_by_dtype
 from tfcomp.compressors import FP16, scale_values
 from tfcomp.counters import tensor_bytes
+from tfcomp.timeline import ExchangeTimeline
 from tfcomp.trial import PlanTrial
 
 __all__ = ["StepGraph", "StepRuntime", "wire_bytes"]
@@ -174,14 +175,16 @@ class StepRuntime:
     """What one plan's steps keep besides the exchange's state, not checkpointed (a plain holder):
     `flush`, a bool variable per variant ("plan", "dense": the trial's all-dense twin), set while
     a dense bucket's tensor may hold a residual still to send (at first, in case a restore brought
-    one; for the twin, after every step of the plan), and the plan's `PlanTrial` or None. Made by
+    one; for the twin, after every step of the plan), the plan's `PlanTrial` or None, and its
+    `ExchangeTimeline` (when each gradient was ready and each bucket done). Made by
     `StepGraph.create_state`, eagerly."""
 
-    def __init__(self, trial):
+    def __init__(self, trial, timeline):
         with tf.init_scope():
             self.flush = {variant: tf.Variable(True, trainable=False, name=f"tfcomp_flush_{variant}")
                           for variant in ("plan", "dense")}
         self.trial = trial
+        self.timeline = timeline
 
 
 class StepGraph:
@@ -231,7 +234,8 @@ class StepGraph:
                     for i in bucket.positions:
                         self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
                                                    self.compressor.optimizer_state)
-            return StepRuntime(PlanTrial(trial_steps) if plan.compressed and trial_steps > 0 else None)
+            return StepRuntime(PlanTrial(trial_steps) if plan.compressed and trial_steps > 0 else None,
+                               ExchangeTimeline(len(grads), len(plan.buckets)))
 
     def __call__(self, plan, grads, sources, runtime: "StepRuntime"):
         """The reduced `grads` (a list of tensors or IndexedSlices) under `plan`. `sources`: what
@@ -239,9 +243,10 @@ class StepGraph:
         `runtime`: the plan's `create_state`. Under a trial, a tf.cond picks the plan or every
         bucket dense for this step."""
         counters = self.counters
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
         if counters is not None:
             # Only the clock waits for the last gradient; the buckets start as soon as theirs are ready.
-            started = counters.start([g.values if isinstance(g, tf.IndexedSlices) else g for g in grads])
+            started = counters.start(values)
         if runtime.trial is None:
             out = self._reduce(plan, grads, sources, runtime, "plan")
         else:
@@ -252,9 +257,10 @@ class StepGraph:
                           lambda: self._reduce(plan, grads, sources, runtime, "plan"),
                           lambda: self._reduce(plan.all_dense(), grads, sources, runtime, "dense"))
         self.state.step.assign_add(1)
+        outputs = [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o) for o in out]
+        runtime.timeline.record(values, [[outputs[i] for i in b.positions] for b in plan.buckets])
         if counters is not None:
-            counters.finish(started, [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o)
-                                      for o in out],
+            counters.finish(started, outputs,
                             sum(g.shape.num_elements() * g.dtype.size for g in grads
                                 if not isinstance(g, tf.IndexedSlices)))
         return out

@@ -22,6 +22,8 @@ from __future__ import annotations
 import tensorflow as tf
 from absl import logging
 
+from tfcomp.counters import stamp
+
 __all__ = ["PlanTrial", "TRIAL_MARGIN"]
 
 TRIAL_MARGIN = 0.02  # the plan's median step must be this much shorter than dense's to be kept
@@ -30,13 +32,14 @@ _UNDECIDED, _DENSE, _COMPRESSED = -1, 0, 1
 
 class PlanTrial:
     """The trial of one plan: `steps` timed steps per arm (>= 1); `clock` gives the time (a
-    float64 scalar tensor of seconds; default `tf.timestamp`). Create it eagerly.
+    float64 scalar tensor of seconds; default `tfcomp.counters.stamp`, which waits for nothing).
+    Create it eagerly.
 
     `sends_compressed(collectives)` (inside the step) is the bool scalar that picks this step's
     branch: it records the last step's time, decides once both arms are timed, and counts the step.
     """
 
-    def __init__(self, steps: int, margin: float = TRIAL_MARGIN, clock=tf.timestamp):
+    def __init__(self, steps: int, margin: float = TRIAL_MARGIN, clock=stamp):
         if steps < 1:
             raise ValueError(f"a plan trial needs steps >= 1 per arm, got {steps}")
         self.steps, self.margin, self.clock = int(steps), float(margin), clock

@@ -1,0 +1,87 @@
+"""The exchange's timeline (tfcomp.timeline.ExchangeTimeline) and the clock it uses
+(tfcomp.counters.stamp): what a step records, the medians read back, the window, argument errors;
+and the Keras Replan callback's argument check."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcomp
+from tfcomp.counters import stamp
+from tfcomp.timeline import ExchangeTimeline
+
+
+def _chain(x, rounds: int):
+    """A tensor computed from x by `rounds` dependent matrix products (it is ready later)."""
+    for _ in range(rounds):
+        x = tf.tanh(tf.matmul(x, x) / 256.0)
+    return x
+
+
+def test_a_gradient_computed_later_is_ready_later_and_a_bucket_ends_after_its_gradients(rng):
+    timeline = ExchangeTimeline(gradients=2, buckets=2, window=4)
+    start = tf.constant(rng.standard_normal([256, 256]).astype(np.float32))
+
+    @tf.function(autograph=False)
+    def step(x):
+        early = x * 2.0
+        late = _chain(early, 30)
+        reduced = [early + 1.0, _chain(late, 5)]
+        timeline.record([early, late], [[reduced[0]], [reduced[1]]])
+        return reduced
+
+    for _ in range(6):
+        step(start)
+    measured = timeline.read()
+    assert measured["steps"] == 4  # the window
+    assert int(timeline.steps.numpy()) == 6
+    early, late = measured["ready_seconds"]
+    assert early == 0.0 and late > 0.0
+    assert measured["backward_seconds"] == late
+    assert measured["bucket_end_seconds"][1] > late
+    assert measured["bucket_end_seconds"][0] >= 0.0
+    rows = timeline.ready.numpy()
+    assert np.all(rows[:, 0] == 0.0) and np.all(rows[:, 1] > 0.0)
+
+
+def test_an_empty_timeline_reads_as_nothing_measured():
+    timeline = ExchangeTimeline(gradients=3, buckets=1)
+    assert timeline.read() == {"steps": 0, "ready_seconds": [], "bucket_end_seconds": [], "backward_seconds": 0.0}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gradients": -1, "buckets": 1}, "gradients and buckets must be >= 0"),
+    ({"gradients": 1, "buckets": 1, "window": 0}, "window must be >= 1 step"),
+])
+def test_timeline_arguments_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ExchangeTimeline(**kwargs)
+
+
+def test_recording_other_counts_than_the_timeline_holds_is_a_value_error():
+    timeline = ExchangeTimeline(gradients=2, buckets=1)
+    with pytest.raises(ValueError, match="holds 2 gradients and 1 buckets, got 1 and 1"):
+        timeline.record([tf.ones([3])], [[tf.ones([3])]])
+
+
+def test_stamp_waits_only_for_its_tensors():
+    """In a tf.function, a plain timestamp created after one that waits for a late tensor would
+    wait too (TensorFlow orders stateful ops that touch no resource); a stamp does not."""
+
+    def step(x):
+        late = _chain(x, 5)
+        after_late = stamp([late])
+        independent = stamp()
+        return after_late, independent
+
+    graph = tf.function(step, autograph=False).get_concrete_function(tf.TensorSpec([64, 64])).graph
+    timestamps = [op for op in graph.get_operations() if op.type == "Timestamp"]
+    assert len(timestamps) == 2
+    assert timestamps[1].control_inputs == []
+    assert all(op.get_attr("_independent_side_effects") for op in timestamps)
+
+
+@pytest.mark.parametrize("after_steps", [0, -3, 2.5, True, "30"])
+def test_replan_callback_checks_after_steps(after_steps):
+    with pytest.raises(ValueError, match="after_steps must be an integer >= 1"):
+        tfcomp.keras.Replan(after_steps=after_steps)
