@@ -293,8 +293,10 @@ def predicted_exchange_time(plan: Plan) -> float:
 
     Each dense bucket is one allreduce that may start once its last gradient is ready; the
     compressed buckets of one strategy share one grouped collective, which starts once all of them
-    are encoded (each bucket's encode and decode, `predicted.compression`, once its gradients are
-    ready, one after another); an AR-Topk group pays one broadcast per bucket. Collectives run one
+    are encoded. Encoding and decoding (`predicted.compression`) run on the device that computes
+    the backward pass, so they add to it: they are priced after its last gradient, one group after
+    another (on 2 emulated hosts of this machine's CPU, a compressed bucket encoded during the
+    backward pass made it longer by about as much). An AR-Topk group pays one broadcast per bucket. Collectives run one
     at a time in the order they become ready (Horovod's background loop), dense allreduces that are
     ready when the network frees up go as one (its fusion: latency paid once), every tensor put in
     a collective adds the per-tensor bookkeeping, and what compressing costs once per step
@@ -311,12 +313,11 @@ def predicted_exchange_time(plan: Plan) -> float:
     for b in plan.compressed:
         groups.setdefault(b.strategy, []).append(b)
     collectives = []  # (ready, seconds on the network)
-    for strategy, buckets in groups.items():
-        encoded = 0.0
-        for b in sorted(buckets, key=ready_of):
-            encoded = max(encoded, ready_of(b)) + b.predicted.compression
+    computing = max(plan.ready.values(), default=0.0)  # the device is busy with the backward pass until then
+    for strategy, buckets in sorted(groups.items(), key=lambda item: max(map(ready_of, item[1]))):
+        computing += sum(b.predicted.compression for b in buckets)
         network = _group_communication(strategy, [b.elements for b in buckets], compressor, cluster)
-        collectives.append((encoded, network + cm.WIRE_TENSORS * len(buckets) * per_tensor))
+        collectives.append((computing, network + cm.WIRE_TENSORS * len(buckets) * per_tensor))
     dense.sort()
     collectives.sort()
     free = 0.0

@@ -1,0 +1,146 @@
+"""The training step's timeline on the emulated cluster: when each gradient is ready, when each
+bucket's exchange ends, against the end of the backward pass; and the plan re-made with them.
+
+    python -m benchmarks.exchange_timeline [--workers=2] [--rate=1gbit] [--steps=90]
+        [--replan_after=30] [--out_dir=benchmarks/results]
+
+Needs root (benchmarks/cluster.py). One `horovodrun -np K` job (one worker per host) trains the
+Fashion-MNIST CNN of examples/models.py on random batches (the timeline does not depend on the
+pixels) with model.fit, once per configuration, in this order: every bucket dense (DRAGONN with
+strategy="dense": one bucket), the same re-planned after --replan_after steps with the ready
+times measured (tfcomp.keras.Replan: dense buckets that overlap the backward pass), DRAGONN 0.01
+with its default plan, and that re-planned. Each reports the exchange's timeline
+(tfcomp.timeline: medians over the last 20 steps), the plan's buckets, the plan's predicted end of
+the exchange with the measured ready times, and the median training step (from one batch's end to
+the next, over the steps after the re-plan and the new plan's trial: from --replan_after + 25 on,
+for every configuration alike; the timeline's 20 steps are the last ones). Writes exchange_timeline.json and
+exchange_timeline.md into --out_dir.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+__all__ = ["summarise"]
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs the job; worker: one rank of it.")
+flags.DEFINE_integer("workers", 2, "Workers K, one host each.")
+flags.DEFINE_string("rate", "1gbit", "Link rate per host (e.g. 1gbit), or 'none' (unshaped).")
+flags.DEFINE_integer("steps", 90, "Training steps per configuration.")
+flags.DEFINE_integer("replan_after", 30, "Steps before the re-planned configuration re-plans.")
+flags.DEFINE_integer("batch_size", 32, "Batch size per worker.")
+flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes the record.")
+
+CONFIGS = ("dense", "dense re-planned", "DRAGONN 0.01 default plan", "DRAGONN 0.01 re-planned")
+
+
+def _worker() -> None:
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    import tensorflow as tf
+
+    import tfcomp
+    from examples.models import build_model
+    from tfcomp import planning
+
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    rng = np.random.default_rng(hvd.rank())
+    n = FLAGS.batch_size * FLAGS.steps
+    x = rng.random([n, 28, 28, 1], dtype=np.float32)
+    y = rng.integers(0, 10, n)
+    # After a re-plan, a plan that compresses is tried for 2 x 11 steps (half of them dense): not timed.
+    timed_from = FLAGS.replan_after + 2 * (tfcomp.DRAGONN(0.01).trial_steps + 1) + 3
+
+    class StepClock(tf.keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.ends = []
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ends.append(time.perf_counter())
+
+    record = {}
+    for config in CONFIGS:
+        tf.keras.utils.set_random_seed(0)
+        model = build_model("cnn", (28, 28, 1))
+        compression = tfcomp.DRAGONN(0.01, strategy="dense") if config.startswith("dense") else tfcomp.DRAGONN(0.01)
+        opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), compression=compression)
+        model.compile(opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        clock = StepClock()
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), clock]
+        if config.endswith("re-planned"):
+            callbacks.append(tfcomp.keras.Replan(after_steps=FLAGS.replan_after))
+        model.fit(x, y, batch_size=FLAGS.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        exchange = tfcomp.exchange_of(opt)
+        measured = exchange.timeline.read()
+        plan = exchange.plan
+        ready = measured["ready_seconds"]
+        priced = planning.Plan(plan.buckets, plan.names, plan.compressor, plan.cluster,
+                               {p: ready[p] for b in plan.buckets for p in b.positions})
+        steps = np.diff(clock.ends)[timed_from - 1:]
+        trial = exchange.trial.read() if exchange.trial is not None else None
+        record[config] = {
+            "backward_ms": 1e3 * measured["backward_seconds"],
+            "ready_ms": [1e3 * t for t in ready],
+            "buckets": [{"strategy": b.strategy, "tensors": len(b.positions), "elements": b.elements,
+                         "ready_ms": 1e3 * max(ready[p] for p in b.positions), "end_ms": 1e3 * end}
+                        for b, end in zip(plan.buckets, measured["bucket_end_seconds"])],
+            "predicted_end_ms": 1e3 * planning.predicted_exchange_time(priced),
+            "step_ms": 1e3 * float(np.median(steps)),
+            "trial": trial,
+        }
+    if hvd.rank() == 0:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+def summarise(record: dict) -> str:
+    """Markdown: per configuration, the backward pass, each bucket's ready and end times, the
+    predicted and measured end of the exchange, and the median step."""
+    lines = ["| configuration | backward ends (ms) | buckets: strategy, tensors, ready -> end (ms) | exchange ends, "
+             "measured (ms) | predicted (ms) | median step (ms) |", "|---|---|---|---|---|---|"]
+    for config, r in record.items():
+        buckets = "; ".join(f"{b['strategy']} x{b['tensors']}: {b['ready_ms']:.1f} -> {b['end_ms']:.1f}"
+                            for b in r["buckets"])
+        end = max([b["end_ms"] for b in r["buckets"]] + [r["backward_ms"]])
+        lines.append(f"| {config} | {r['backward_ms']:.1f} | {buckets} | {end:.1f} | {r['predicted_end_ms']:.1f} | "
+                     f"{r['step_ms']:.1f} |")
+    return "\n".join(lines)
+
+
+def _launcher() -> None:
+    from benchmarks.cluster import Cluster, cluster_unavailable_reason
+
+    reason = cluster_unavailable_reason()
+    if reason:
+        sys.exit(f"exchange_timeline: {reason}")
+    with Cluster(hosts=FLAGS.workers, rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
+        command = cluster.horovodrun_args(np=FLAGS.workers) + [
+            sys.executable, "-m", "benchmarks.exchange_timeline", "--role=worker", f"--steps={FLAGS.steps}",
+            f"--replan_after={FLAGS.replan_after}", f"--batch_size={FLAGS.batch_size}"]
+        record = cluster.run_json(command, "--json_out", "the timeline job", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+                                  timeout=1800)
+    out_dir = Path(FLAGS.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"exchange_timeline_{FLAGS.rate}_k{FLAGS.workers}"
+    (out_dir / f"{name}.json").write_text(json.dumps({"workers": FLAGS.workers, "rate": FLAGS.rate,
+                                                      "steps": FLAGS.steps, "record": record}, indent=1))
+    text = summarise(record)
+    (out_dir / f"{name}.md").write_text(text + "\n")
+    print(text)
+
+
+def main(argv):
+    del argv
+    _worker() if FLAGS.role == "worker" else _launcher()
+
+
+if __name__ == "__main__":
+    app.run(main)
