@@ -16,8 +16,8 @@ agreements per paper.
        1 % and signSGD after it (App. B, `compressed_iteration`, `strategy_time`); dense was faster in
        all 25. And the bandwidth below which PowerSGD-4 wins (App. D: 7 to 9 Gbit/s).
   001  MergeComp's two FP16 groups against one (Table 2: 1.16 to 1.23x), priced with `strategy_time`
-       over the gradients' ready times (`two_bucket_finish`; tfcomp.planning cannot express this: it
-       merges neighbouring dense buckets and exchanges after the backward pass, a speed-up of 1.00x).
+       over the gradients' ready times (`two_bucket_finish`; tfcomp.planning.make_plan given the
+       ready times and at most two groups gains the same: tests/test_paper_verdicts.py).
   002  Horovod's scaling factor for ResNet-50 at 1, 10 and 100 Gbit/s, by 002's own replay of the
        fusion buffer over ready times (`horovod_dense_finish`: 64 MB, 5 ms, no latency term).
   003  Table VI: the fastest of allgather, AR-Topk ring and AR-Topk tree in 36 cells.

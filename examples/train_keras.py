@@ -28,6 +28,10 @@ parameters on 28x28 images); `vit`, a small Vision Transformer (1.6 M); `mlp`.
 Learning rate: `--lr` is the rate for one worker's batch of `--batch_size`; the optimizer runs with
 lr * workers (linear scaling for the global batch of batch_size * workers).
 
+After 30 steps `tfcomp.keras.Replan` makes the exchange's plan again with when each gradient became
+ready in them (dense buckets that overlap the backward pass), and Keras traces the step again
+where the plan changed.
+
 Rank 0 prints the per-epoch metrics, with the compression figures of
 `tfcomp.keras.CompressionMonitor` (bytes sent per step against dense, exchange time, residual norm),
 the final test accuracy and, when tfcomp ran the exchange, the table of `GradientExchange.describe()`.
@@ -213,7 +217,7 @@ def main(argv):
     history = model.fit(
         train, epochs=FLAGS.epochs, verbose=2 if hvd.rank() == 0 else 0,
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
-                   tfcomp.keras.CompressionMonitor()],
+                   tfcomp.keras.CompressionMonitor(), tfcomp.keras.Replan()],
     )
     seconds = time.perf_counter() - start
     test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)
