@@ -1,6 +1,8 @@
 """The exchange's timeline (tfcomp.timeline.ExchangeTimeline) and the clock it uses
-(tfcomp.counters.stamp): what a step records, the medians read back, the window, argument errors;
-and the Keras Replan callback's argument check."""
+(tfcomp.counters.stamp, on the op tfcomp.ops.time_after): what a step records, the medians read
+back, the window, argument errors; and the Keras Replan callback's argument check."""
+
+import time
 
 import numpy as np
 import pytest
@@ -65,20 +67,43 @@ def test_recording_other_counts_than_the_timeline_holds_is_a_value_error():
 
 
 def test_stamp_waits_only_for_its_tensors():
-    """In a tf.function, a plain timestamp created after one that waits for a late tensor would
-    wait too (TensorFlow orders stateful ops that touch no resource); a stamp does not."""
+    """In a tf.function a stamp is taken once its tensors are computed (its data inputs), and no
+    later: a plain timestamp created after one that waits for a late tensor would wait too
+    (TensorFlow orders stateful ops that touch no resource), a stamp does not."""
 
     def step(x):
-        late = _chain(x, 5)
-        after_late = stamp([late])
-        independent = stamp()
-        return after_late, independent
+        early = x[:2, :2] * 2.0
+        late = _chain(x, 30)
+        return stamp([early]), stamp([late]), stamp([early + 1.0]), stamp()
 
-    graph = tf.function(step, autograph=False).get_concrete_function(tf.TensorSpec([64, 64])).graph
-    timestamps = [op for op in graph.get_operations() if op.type == "Timestamp"]
-    assert len(timestamps) == 2
-    assert timestamps[1].control_inputs == []
-    assert all(op.get_attr("_independent_side_effects") for op in timestamps)
+    graph = tf.function(step, autograph=False).get_concrete_function(tf.TensorSpec([256, 256])).graph
+    clocks = [op for op in graph.get_operations() if op.type in ("Tfcomp>TimeAfter", "Timestamp")]
+    assert [op.type for op in clocks] == ["Tfcomp>TimeAfter"] * 3 + ["Timestamp"]
+    assert all(op.control_inputs == [] and op.get_attr("_independent_side_effects") for op in clocks)
+    x = tf.constant(np.random.default_rng(0).standard_normal([256, 256]).astype(np.float32))
+    function = tf.function(step, autograph=False)
+    for _ in range(3):
+        early, late, after_early, _ = (float(t) for t in function(x))
+    # The chain of 30 products of 256 x 256 matrices takes milliseconds; the early stamps do not wait for it.
+    assert early <= after_early < late
+
+
+@pytest.mark.parametrize("tensors", [
+    [tf.constant(1.5)],
+    [tf.zeros([0, 3]), tf.constant([1, 2], tf.int32), tf.constant(["a"])],
+    [tf.ones([4], tf.float16), tf.ones([2, 2], tf.bfloat16), tf.constant(7, tf.int64)],
+])
+def test_time_after_gives_the_wall_clock_time_as_a_float64_scalar(tensors):
+    before = time.time()
+    seconds = tfcomp.ops.time_after(tensors)
+    after = time.time()
+    assert seconds.dtype == tf.float64 and seconds.shape == []
+    assert before - 1e-3 <= float(seconds) <= after + 1e-3
+
+
+def test_time_after_needs_a_tensor_to_wait_for():
+    with pytest.raises(ValueError, match="tensors: give at least one tensor"):
+        tfcomp.ops.time_after([])
 
 
 @pytest.mark.parametrize("after_steps", [0, -3, 2.5, True, "30"])

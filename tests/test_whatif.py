@@ -179,7 +179,7 @@ def test_profile_of_a_keras_model(tmp_path):
 
 
 def test_profile_with_measured_step_times(tmp_path):
-    """save_profile with a batch times the step here: every gradient ready after the forward pass,
+    """save_profile with a batch times the step here: every gradient ready after the forward pass (0 at
     in backprop order, the last at the backward pass's end; the what-if takes those times."""
     import numpy as np
     import tensorflow as tf
@@ -195,7 +195,9 @@ def test_profile_with_measured_step_times(tmp_path):
     ready = [t["ready_ms"] for t in profile["tensors"]]
     # A gradient can be ready within the clock's microsecond of the forward pass's end: >= 0.
     assert profile["forward_ms"] > 0 and all(t >= 0 for t in ready)
-    assert ready[::-1] == sorted(ready) and profile["backward_ms"] == max(ready)
+    # The last layer's kernel and bias are ready before the first layer's kernel, whose gradient needs
+    # the whole backward pass; the order within one layer, and of neighbouring ones, is the executor's.
+    assert max(ready[-2:]) <= ready[0] and profile["backward_ms"] == max(ready)
     out = json.loads(run("--profile", str(path), "--workers", "2", "--encode-ms", "1", "--json").stdout)
     assert out["inputs"]["forward_s"] == pytest.approx(profile["forward_ms"] / 1e3)
     assert out["inputs"]["backward_s"] == pytest.approx(profile["backward_ms"] / 1e3)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tfcomp import ops
+
 __all__ = ["ExchangeCounters", "stamp", "tensor_bytes"]
 
 
@@ -26,12 +28,14 @@ def tensor_bytes(tensor) -> tf.Tensor:
 def stamp(tensors=()) -> tf.Tensor:
     """float64 scalar: the time (seconds since the epoch) once `tensors` are all computed.
 
-    Inside a `tf.function`, TensorFlow runs stateful ops that touch no resource (a timestamp among
-    them) in the order they were created; a clock waiting for the last gradient would then hold
-    back every later timestamp, and whatever waits for one (a trial's tf.cond, and through it every
-    bucket). This one is marked to run independently: it waits only for `tensors`."""
-    with tf.control_dependencies([t for t in tensors if isinstance(t, tf.Tensor)]):
-        now = tf.timestamp()
+    The tensors are the data inputs of `tfcomp.ops.time_after` (a `tf.timestamp` under control
+    dependencies ran whenever inside a `tf.function`: Grappler's dependency optimizer dropped the
+    edges; with none, it is a `tf.timestamp`). And inside a `tf.function` TensorFlow runs stateful
+    ops that touch no resource in the order they were created; a clock waiting for the last gradient
+    would then hold back every later one, and whatever waits for one (a trial's tf.cond, and
+    through it every bucket). This one is marked to run independently: it waits only for `tensors`."""
+    tensors = [t for t in tensors if isinstance(t, tf.Tensor)]
+    now = ops.time_after(tensors) if tensors else tf.timestamp()
     manager = getattr(now.graph, "experimental_acd_manager", None)
     if manager is not None:
         manager.run_independently(now.op)

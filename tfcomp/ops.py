@@ -39,6 +39,7 @@ __all__ = [
     "library_path",
     "load_library",
     "sparse_batched_decode",
+    "time_after",
     "topk_compress",
     "zero_at",
 ]
@@ -52,7 +53,7 @@ MAX_LENGTH = _INT32_MAX  # the longest gradient, payload or dense output: indice
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode", "ZeroAt",
-            "HashPartition"):
+            "HashPartition", "TimeAfter"):
     tf.no_gradient("Tfcomp>" + _op)
 
 
@@ -457,3 +458,19 @@ def zero_at(variable: tf.Variable, indices, offset: int = 0, name: str | None = 
     if variable.dtype != tf.float32:
         raise ValueError(f"variable must be float32, got {variable.dtype.name}")
     return load_library().tfcomp_zero_at(variable.handle, _indices(indices), offset=offset, name=name)
+
+
+def time_after(tensors, name: str | None = None) -> tf.Tensor:
+    """float64 scalar: the time (seconds since the Unix epoch, as `tf.timestamp`) once every tensor
+    of `tensors` has been computed: they are the op's data inputs, so the order holds where
+    `tf.control_dependencies` on a `tf.timestamp` does not (Grappler's dependency optimizer can drop
+    such control edges inside a `tf.function`). The tensors are not read.
+
+    Args:
+      tensors: a non-empty list of tensors (any dtypes and shapes).
+      name: optional op name.
+    """
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("tensors: give at least one tensor to wait for (tf.timestamp waits for none)")
+    return load_library().tfcomp_time_after(tensors, name=name)

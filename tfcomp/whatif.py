@@ -9,8 +9,8 @@ allreduce overlapping the backward pass (its fusion buffer replayed over the gra
 times, `tfcomp.cost_model.horovod_dense_finish`); every strategy the compressor has, all gradients
 in one bucket after the backward pass (dense ring allreduce, the compressor's allgather or
 allreduce, AR-Topk with ring and with tree reduction, which tfcomp itself does not run); and the
-plan tfcomp would make (`tfcomp.planning.make_plan`), exchanged after the backward pass as tfcomp's
-exchange runs it. The choice it prints is that plan, with its speed-up over stock Horovod.
+plan tfcomp would make (`tfcomp.planning.make_plan` with the gradients' ready times), priced as
+tfcomp's exchange runs it: its dense buckets overlap the backward pass. The choice it prints is that plan, with its speed-up over stock Horovod.
 
 What compression costs is never measured behind your back: give --encode-ms (and --decode-ms), the
 milliseconds to encode and decode all the gradients once (priced per element for buckets of part of
@@ -109,11 +109,12 @@ def measure_step_times(model, batch, loss, steps: int = 10) -> dict:
     steps after one untimed one. `batch` = (x, y) as the model trains on them; `loss(y,
     predictions)` a scalar. Forward: from the step's start until the loss is computed; each
     gradient's ready time and the backward pass from then (None: the variable gets no gradient).
-    Every step is one graph with a timestamp taken once each gradient is computed; the timestamps
-    run in the order they are created (TensorFlow orders stateful ops), so they are created in
-    backprop order (a gradient computed out of that order is stamped with the later one)."""
+    Every step is one graph with a timestamp taken once each gradient is computed
+    (`tfcomp.counters.stamp`: it waits for the gradient as a data input, and for nothing else)."""
     import numpy as np
     import tensorflow as tf
+
+    from tfcomp.counters import stamp
 
     if not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
@@ -126,24 +127,20 @@ def measure_step_times(model, batch, loss, steps: int = 10) -> dict:
             with tf.control_dependencies([start]):
                 predictions = model(x, training=True)
             value = loss(y, predictions)
-        with tf.control_dependencies([value]):
-            forward_end = tf.timestamp()
+        forward_end = stamp([value])
         grads = tape.gradient(value, variables)
-        stamps = []
-        for grad in reversed(grads):
-            if grad is None:
-                stamps.append(tf.constant(float("nan"), tf.float64))
-                continue
-            with tf.control_dependencies([grad.values if isinstance(grad, tf.IndexedSlices) else grad]):
-                stamps.append(tf.timestamp())
-        return forward_end - start, tf.stack(stamps[::-1]) - forward_end
+        stamps = [tf.constant(float("nan"), tf.float64) if grad is None else
+                  stamp([grad.values if isinstance(grad, tf.IndexedSlices) else grad]) for grad in grads]
+        return forward_end - start, tf.stack(stamps) - forward_end
 
     graph = tf.function(step, autograph=False)
     graph()
     runs = [graph() for _ in range(steps)]
     forward = float(np.median([f.numpy() for f, _ in runs]))
     ready = np.median(np.stack([r.numpy() for _, r in runs]), axis=0)
-    ready_ms = [None if np.isnan(t) else 1e3 * float(t) for t in ready]
+    # The loss's last reduction can end after the first gradients (its fused cross-entropy op gives the
+    # logits' gradient with the loss): a gradient ready before the forward pass's end counts as at 0.
+    ready_ms = [None if np.isnan(t) else 1e3 * max(float(t), 0.0) for t in ready]
     return {"forward_ms": 1e3 * forward, "backward_ms": max([t for t in ready_ms if t is not None], default=0.0),
             "ready_ms": ready_ms}
 

@@ -282,6 +282,23 @@ rows: [n, 2] int32: (index, the float32 bits of its value) of the n pairs with i
 splits: [num_parts] int32: how many rows each owner gets.
 )doc");
 
+REGISTER_OP("Tfcomp>TimeAfter")
+    .Input("tensors: T")
+    .Output("seconds: double")
+    .Attr("T: list(type) >= 1")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+The time, in seconds since the Unix epoch (as tf.timestamp), at which the op runs: once every
+tensor of `tensors` has been computed, since they are its data inputs. tf.timestamp under
+tf.control_dependencies says the same only where Grappler keeps the control edges: in a
+tf.function its dependency optimizer can drop them, and the timestamp then runs whenever. The
+tensors are not read (on a GPU the time is when their kernels were queued).
+
+tensors: one or more tensors of any dtypes and shapes.
+seconds: float64 scalar.
+)doc");
+
 }  // namespace tfcomp
 
 // What this library was built against, read from the file by tfcomp/ops.py before loading it, so
