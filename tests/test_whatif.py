@@ -180,7 +180,8 @@ def test_profile_of_a_keras_model(tmp_path):
 
 def test_profile_with_measured_step_times(tmp_path):
     """save_profile with a batch times the step here: every gradient ready after the forward pass (0 at
-    in backprop order, the last at the backward pass's end; the what-if takes those times."""
+    the earliest), the last layer before the first, the last at the backward pass's end; the what-if
+    takes those times."""
     import numpy as np
     import tensorflow as tf
 
