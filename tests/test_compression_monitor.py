@@ -84,9 +84,14 @@ def test_monitor_reports_each_epoch_in_the_logs_and_csv(rng, tmp_path):
     model, optimizer, history, rows = fit_with_monitor(rng, tmp_path, tfcomp.DRAGONN(0.1, planning="off", min_elements=100))
     exchange = tfcomp.exchange_of(optimizer)
     dense = 4.0 * sum(v.shape.num_elements() for v in model.trainable_variables)
-    for key in ("tfcomp_sent_mb_per_step", "tfcomp_sent_fraction", "tfcomp_exchange_ms_per_step", "tfcomp_residual_norm"):
+    for key in ("tfcomp_sent_mb_per_step", "tfcomp_sent_fraction", "tfcomp_exchange_ms_per_step", "tfcomp_residual_norm",
+                "tfcomp_gradients_ready_ms", "tfcomp_exposed_exchange_ms"):
         assert len(history[key]) == 2 and all(np.isfinite(history[key])), key
         assert [float(r[key]) for r in rows] == pytest.approx(history[key], rel=1e-6)
+    timeline = exchange.timeline.read()
+    assert timeline["steps"] == 8  # both epochs' steps, within the 20-step window
+    assert history["tfcomp_gradients_ready_ms"][-1] == pytest.approx(1e3 * timeline["backward_seconds"])
+    assert history["tfcomp_exposed_exchange_ms"][-1] >= 0.0
     # The last epoch's 4 steps, as the counters hold them; the fraction is sent over dense bytes.
     counted = exchange.counters.read()
     assert counted["steps"] == 4 and counted["dense_bytes"] == 4 * dense

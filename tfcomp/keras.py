@@ -21,6 +21,10 @@ them), all measured over the epoch's steps on this worker:
   tfcomp_exchange_ms_per_step  milliseconds from the exchange's start (its gradients computed) to
                                its end (every reduced gradient computed): compression, collectives
                                and decoding, as far as the backward pass does not hide them;
+  tfcomp_gradients_ready_ms    from the first gradient ready to the last, in a step (the part of the
+                               backward pass the exchange can overlap; median of the last 20 steps);
+  tfcomp_exposed_exchange_ms   how long after the last gradient the last bucket's exchange ends (what
+                               the backward pass does not hide; median of the last 20 steps);
   tfcomp_residual_norm         the global L2 norm of this worker's error-feedback residuals (with
                                DGC's momentum correction, its accumulated velocities) at the
                                epoch's end: what was computed and not yet sent.
@@ -86,6 +90,11 @@ class CompressionMonitor(tf.keras.callbacks.Callback):
             logs["tfcomp_sent_mb_per_step"] = counted["sent_bytes"] / counted["steps"] / _MB
             logs["tfcomp_sent_fraction"] = counted["sent_bytes"] / max(counted["dense_bytes"], 1.0)
             logs["tfcomp_exchange_ms_per_step"] = 1e3 * counted["seconds"] / counted["steps"]
+        timeline = exchange.timeline.read() if exchange.timeline is not None else {"steps": 0}
+        if timeline["steps"] and timeline["bucket_end_seconds"]:
+            backward = timeline["backward_seconds"]
+            logs["tfcomp_gradients_ready_ms"] = 1e3 * backward
+            logs["tfcomp_exposed_exchange_ms"] = 1e3 * max(0.0, max(timeline["bucket_end_seconds"]) - backward)
         residuals = [v.numpy() for v in exchange.memory.residuals]
         logs["tfcomp_residual_norm"] = float(np.sqrt(sum(np.sum(np.square(r, dtype=np.float64)) for r in residuals)))
         self._write_plan(exchange, epoch)
