@@ -56,25 +56,31 @@ class Bucket:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Buckets in the order they are formed, the tensor names by position, what it was made from,
-    and when each gradient is ready (seconds from the exchange's first gradient; {}: all at once,
-    after the backward pass)."""
+    when each gradient is ready (seconds from the exchange's first gradient; {}: all at once, after
+    the backward pass), and, for a plan that compresses, the buckets of the best plan that does not
+    (what it was found faster than; a trial's dense arm and a dropped plan run them)."""
 
     buckets: tuple
     names: dict
     compressor: object
     cluster: cm.ClusterModel
     ready: dict = dataclasses.field(default_factory=dict)  # {position: seconds}; absent: 0
+    dense_buckets: tuple = ()  # the best all-dense buckets for `ready` (); (): these buckets, dense
 
     def digest(self) -> int:
         """A 63-bit hash of everything that decides what the exchange runs (equal on all ranks)."""
-        return digest([[list(b.positions), b.strategy] for b in self.buckets] + [repr(self.compressor)])
+        return digest([[list(b.positions), b.strategy] for b in self.buckets] + [repr(self.compressor)]
+                      + [[list(b.positions) for b in self.dense_buckets]])
 
     @property
     def compressed(self) -> tuple:
         return tuple(b for b in self.buckets if b.strategy != "dense")
 
     def all_dense(self) -> "Plan":
-        """The same buckets, every one sent dense (what a plan trial times against the plan)."""
+        """The plan that sends everything dense (what a plan trial times against the plan): the
+        best all-dense buckets where the search found them, else these buckets, sent dense."""
+        if self.dense_buckets:
+            return dataclasses.replace(self, buckets=self.dense_buckets, dense_buckets=())
         return dataclasses.replace(self, buckets=tuple(dataclasses.replace(b, strategy="dense") for b in self.buckets))
 
     def table(self) -> str:
@@ -175,6 +181,7 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
         if predicted_exchange_time(dense) <= predicted_exchange_time(plan):
             # What compressed buckets cost once per exchange (cluster.compression_fixed) outweighs what they save.
             return dense
+        return dataclasses.replace(plan, dense_buckets=dense.buckets)
     return plan
 
 
@@ -353,7 +360,7 @@ def _group_communication(strategy: str, elements: list, compressor, cluster: cm.
 
 
 def all_dense_time(plan: Plan) -> float:
-    """`predicted_exchange_time` of the plan with every bucket sent dense."""
+    """`predicted_exchange_time` of `plan.all_dense()`: everything sent dense."""
     return predicted_exchange_time(plan.all_dense())
 
 

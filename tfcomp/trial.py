@@ -3,7 +3,7 @@
 The cost model prices a plan from probes run before training; a training step is more than that
 (the backward pass overlaps a dense allreduce; four workers computing on shared cores slow
 compression down). So a plan that compresses is confirmed in training: `PlanTrial(steps)` times
-`steps + 1` steps with the plan, then `steps + 1` steps with every bucket sent dense, each from
+`steps + 1` steps with the plan, then `steps + 1` steps with everything dense (`Plan.all_dense`), each from
 the start of one step to the start of the next (the whole training step, forward and backward
 included), drops the first step of each arm (a first run of
 its graph; the dense arm's first step also sends the residuals left by the compressed arm), and
@@ -58,7 +58,7 @@ class PlanTrial:
         return 2 * (self.steps + 1)
 
     def sends_compressed(self, collectives) -> tf.Tensor:
-        """bool scalar: whether this step runs the plan (True) or sends every bucket dense."""
+        """bool scalar: whether this step runs the plan (True) or sends everything dense."""
         now = self.clock()
         j = self.step.read_value()
         last = j - 1
