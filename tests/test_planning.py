@@ -230,3 +230,19 @@ def test_intquant_pays_the_allreduce_of_its_payload_and_the_scales_allgather():
     # 1 byte per element against float32's 4: at 1 Gbit/s the plan quantises the big tensor.
     plan = planning.make_plan(backprop([4096 * 2048, 10]), compressor, model)
     assert any(b.strategy == "allreduce" and 0 in b.positions for b in plan.buckets)
+
+
+def test_a_compressing_plan_carries_the_best_all_dense_plan_it_beat():
+    sizes = [2**20] * 4
+    ready = [0.0, 0.05, 0.10, 0.15]
+    model = cluster(gbps=0.5, c0=1e-4, c1=1e-9)
+    plan = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), model, ready_seconds=ready)
+    assert plan.compressed and plan.dense_buckets
+    dense_only = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01, strategy="dense"), model,
+                                    ready_seconds=ready)
+    assert [b.positions for b in plan.dense_buckets] == [b.positions for b in dense_only.buckets]
+    twin = plan.all_dense()
+    assert twin.buckets == plan.dense_buckets and not twin.compressed and not twin.dense_buckets
+    assert planning.all_dense_time(plan) == pytest.approx(planning.predicted_exchange_time(dense_only))
+    assert planning.predicted_exchange_time(plan) < planning.all_dense_time(plan)
+    assert plan.digest() != dataclasses.replace(plan, dense_buckets=plan.dense_buckets[:1]).digest()
