@@ -529,13 +529,38 @@ def check_replan(report):
     report["replan/steps_after"] = exchange.timeline.read()["steps"]
     report["spread/replanned"] = weights_spread(model)
 
+    # The prediction checked: a timeline whose exchange ends where the model says leaves the plan;
+    # one that ends 3x later makes every rank fit the overlap slowdown (or calibrate again) alike.
+    report["predict/too_early"] = exchange.check_prediction() is None  # 4 steps: the window is not full
+    ready = np.zeros(exchange.timeline.gradients)
+    ready[:2] = 0.02
+    running = exchange.plan if exchange.trial is None or exchange.trial.read()["compressed"] else \
+        exchange.plan.all_dense()
+    positions = [p for b in running.buckets for p in b.positions]
+    predicted = tfcomp.planning.predicted_exchange_time(
+        dataclasses.replace(running, ready={p: float(ready[p]) for p in positions}))
+    for name, end in (("on_time", predicted), ("late", 3.0 * predicted)):
+        exchange.timeline.ready.assign(np.tile(ready, [exchange.timeline.window, 1]))
+        exchange.timeline.ends.assign(np.full([exchange.timeline.window, exchange.timeline.buckets], end))
+        exchange.timeline.steps.assign(1000)  # past any trial, the window full
+        result = exchange.check_prediction()
+        report[f"predict/{name}"] = result
+        report[f"predict/{name}_digest"] = str(exchange.plan.digest())
+        report[f"predict/{name}_slowdown"] = exchange.plan.cluster.overlap_slowdown
+        if result["changed"]:
+            model.make_train_function(force=True)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    report["spread/prediction checked"] = weights_spread(model)
+
     model = make_model()
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05))
     model.compile(opt, loss="mse")
-    callback = tfcomp.keras.Replan(after_steps=3)
-    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+    callback = tfcomp.keras.Replan(after_steps=3, check_every=2)
+    model.fit(x, y, batch_size=16, epochs=8, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
     report["replan/callback"] = callback.replanned
+    report["replan/callback_ready_cached"] = tfcomp.exchange_of(opt).ready_times_cached
+    report["replan/callback_checks"] = [[c["replanned"], c["changed"], c["overlap_slowdown"]] for c in callback.checks]
     report["replan/callback_digest"] = str(tfcomp.exchange_of(opt).plan.digest())
     report["spread/Replan callback"] = weights_spread(model)
 

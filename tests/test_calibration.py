@@ -491,3 +491,34 @@ def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, 
     assert calibration.calibrate(compressor, process_set, 2**20) == measured  # from the rewritten cache
     assert calls[1:] == [calibration.CompressionFigures.of(measured)]
     assert "WARNING" not in caplog.text
+
+
+def test_ready_times_are_cached_per_model_beside_the_figures(tmp_path, monkeypatch, rng, caplog):
+    path = tmp_path / "calibration.json"
+    monkeypatch.setenv(calibration.CACHE_ENV, str(path))
+    ps = global_process_set()
+    sizes = [int(n) for n in rng.integers(1, 2**20, size=int(rng.integers(2, 12)))]
+    ready = sorted(float(t) for t in rng.uniform(0.0, 0.3, size=len(sizes)))
+    assert calibration.cached_ready_times(ps, sizes) is None  # no file yet
+    model = random_model(rng)
+    calibration._write_cache(str(path), "figures", model)
+    calibration.store_ready_times(ps, sizes, ready)
+    calibration._write_cache(str(path), "more figures", model)  # rewriting the figures keeps the times
+    assert calibration.cached_ready_times(ps, sizes) == ready
+    assert calibration.cached_ready_times(ps, sizes[:-1] + [sizes[-1] + 1]) is None  # another model
+    assert calibration._read_cache(str(path), "figures") == (model, True)
+    with pytest.raises(ValueError, match=r"has \d+ ready times for \d+ gradients"):
+        calibration.store_ready_times(ps, sizes, ready[:-1])
+    with pytest.raises(ValueError, match="is not an object with a list of ready times in seconds"):
+        calibration.store_ready_times(ps, sizes, [-1.0] + ready[1:])
+    # A broken entry is reported in one line and ignored; the next store replaces it.
+    content = json.loads(path.read_text())
+    key = next(iter(content["ready_times"]))
+    content["ready_times"][key]["seconds"] = ["soon"] * len(sizes)
+    path.write_text(json.dumps(content))
+    assert calibration.cached_ready_times(ps, sizes) is None
+    assert "ready times" in caplog.text and "is not an object with a list of ready times" in caplog.text
+    calibration.store_ready_times(ps, sizes, ready)
+    assert calibration.cached_ready_times(ps, sizes) == ready
+    monkeypatch.setenv(calibration.CACHE_ENV, "none")
+    assert calibration.cached_ready_times(ps, sizes) is None

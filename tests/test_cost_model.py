@@ -203,3 +203,30 @@ def test_from_list_needs_eleven_numbers_and_round_trips(rng):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_transfer_end_runs_slower_until_the_backward_pass_ends(rng):
+    for _ in range(50):
+        start, seconds = float(rng.uniform(0, 1)), float(rng.uniform(0, 1))
+        busy_until, slowdown = float(rng.uniform(0, 2)), float(rng.uniform(1, 20))
+        end = cm.transfer_end(start, seconds, busy_until, slowdown)
+        # Reference: integrate the transfer's progress in small time steps.
+        t, done, dt = start, 0.0, 1e-5
+        while done < seconds:
+            done += dt / slowdown if t < busy_until else dt
+            t += dt
+        assert end == pytest.approx(t, abs=3e-5 * slowdown)
+        assert start + seconds <= end <= start + seconds * slowdown + 1e-12
+    assert cm.transfer_end(0.5, 0.2, 0.4, 5.0) == 0.7   # starts after the backward pass: full speed
+    assert cm.transfer_end(0.0, 0.1, 1.0, 3.0) == pytest.approx(0.3)  # all of it beside the pass
+    assert cm.transfer_end(0.0, 0.3, 0.3, 3.0) == pytest.approx(0.5)  # a third beside, the rest after
+
+
+def test_overlap_slowdown_is_validated_and_left_out_of_the_list(rng):
+    model = random_cluster(rng)
+    assert model.overlap_slowdown == 1.0
+    slowed = dataclasses.replace(model, overlap_slowdown=float(rng.uniform(1, cm.MAX_OVERLAP_SLOWDOWN)))
+    assert slowed.to_list() == model.to_list()  # measured in training, not by calibration
+    for bad in (0.5, 0.0, -2.0, math.nan, math.inf, cm.MAX_OVERLAP_SLOWDOWN * 1.01, True, "2", None):
+        with pytest.raises(ValueError, match=r"ClusterModel.overlap_slowdown must be a finite number in \[1, 20\]"):
+            dataclasses.replace(model, overlap_slowdown=bad)

@@ -50,7 +50,7 @@ def test_weights_identical_on_all_ranks(reports):
                 "hvd.Compression.none", "hvd.Compression.fp16", "eager", "legacy_optimizer", "embedding",
                 "backward_passes_per_step=2", "DGC+momentum", "DRAGONN+warmup", "gradient_predivide_factor=2",
                 "op=Sum", "embedding sparse_as_dense", "DRAGONN auto plan, tried", "replanned",
-                "Replan callback"}
+                "Replan callback", "prediction checked"}
     assert expected <= set(spreads)
     assert {name: s for name, s in spreads.items() if max(s) != EXACT} == {}
 
@@ -169,6 +169,24 @@ def test_replan_with_ready_times_splits_the_dense_bucket_alike_on_every_rank(rep
     assert len({r["replan/digest"] for r in reports}) == 1
     assert len({r["replan/callback_digest"] for r in reports}) == 1
     assert len({r["replan/callback"] for r in reports}) == 1 and reports[0]["replan/callback"] in (True, False)
+    # The same model's first plan in the same job took the ready times replan() had cached.
+    assert all(r["replan/callback_ready_cached"] is True for r in reports)
+    # 8 epochs of 4 steps, the window full from step 23 (or later, after a trial): checks every 2 steps.
+    assert len({json.dumps(r["replan/callback_checks"]) for r in reports}) == 1
+
+
+def test_a_departing_exchange_is_re_planned_alike_on_every_rank(reports):
+    for r in reports:
+        assert r["predict/too_early"] is True
+        on_time, late = r["predict/on_time"], r["predict/late"]
+        assert on_time["departure"] == pytest.approx(0.0, abs=1e-9) and on_time["replanned"] is False
+        assert on_time["overlap_slowdown"] == 1.0 and not on_time["recalibrated"]
+        assert late["measured_seconds"] == pytest.approx(3.0 * on_time["measured_seconds"])
+        assert late["departure"] == pytest.approx(2.0) and late["replanned"] is True
+        assert 1.0 <= late["overlap_slowdown"] == r["predict/late_slowdown"] <= 20.0
+    for key in ("predict/on_time_digest", "predict/late_digest", "predict/late_slowdown"):
+        assert len({r[key] for r in reports}) == 1
+    assert len({json.dumps(r["predict/late"], sort_keys=True) for r in reports}) == 1
 
 
 def test_network_figures_that_cannot_explain_the_compression_probes_are_measured_again(reports):

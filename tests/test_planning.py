@@ -246,3 +246,48 @@ def test_a_compressing_plan_carries_the_best_all_dense_plan_it_beat():
     assert planning.all_dense_time(plan) == pytest.approx(planning.predicted_exchange_time(dense_only))
     assert planning.predicted_exchange_time(plan) < planning.all_dense_time(plan)
     assert plan.digest() != dataclasses.replace(plan, dense_buckets=plan.dense_buckets[:1]).digest()
+
+
+def slowed(plan, slowdown):
+    return dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, overlap_slowdown=slowdown))
+
+
+def test_fitted_overlap_slowdown_reproduces_the_measured_exchange(rng):
+    for _ in range(20):
+        sizes = [int(n) for n in rng.integers(2**14, 2**21, size=int(rng.integers(3, 9)))]
+        backward = float(rng.uniform(0.02, 0.2))
+        ready = sorted(float(t) for t in rng.uniform(0.0, backward, size=len(sizes)))
+        ready[-1] = backward
+        plan = planning.make_plan(backprop(sizes), tfcomp.NoCompression(), cluster(gbps=float(rng.uniform(0.5, 20))),
+                                  ready_seconds=ready)
+        true_slowdown = float(rng.uniform(1.2, 10.0))
+        measured = planning.predicted_exchange_time(slowed(plan, true_slowdown))
+        fitted = planning.fit_overlap_slowdown(plan, measured)
+        assert 1.0 <= fitted <= true_slowdown + 1e-3  # the least slowdown that explains the measurement
+        assert planning.predicted_exchange_time(slowed(plan, fitted)) == pytest.approx(measured, rel=1e-2)
+        # An exchange no slower than predicted needs no slowdown; one beyond any gets the greatest.
+        assert planning.fit_overlap_slowdown(plan, planning.predicted_exchange_time(plan) * 0.9) == 1.0
+        assert planning.fit_overlap_slowdown(plan, 1e3) == cm.MAX_OVERLAP_SLOWDOWN
+    for bad in (math.nan, -0.1, math.inf):
+        with pytest.raises(ValueError, match="measured_seconds must be finite seconds >= 0"):
+            planning.fit_overlap_slowdown(plan, bad)
+
+
+def test_overlap_slowdown_prices_only_transfers_beside_the_backward_pass():
+    sizes = [2**20] * 4
+    ready = [0.0, 0.01, 0.02, 0.03]
+    dense = planning.make_plan(backprop(sizes), tfcomp.NoCompression(), cluster(gbps=2.0), ready_seconds=ready)
+    assert len(dense.buckets) > 1  # the first buckets go while the backward pass computes
+    assert planning.predicted_exchange_time(slowed(dense, 4.0)) > planning.predicted_exchange_time(dense)
+    # Compressed buckets are encoded, and sent, after the backward pass: the slowdown leaves them alone.
+    compressed = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), cluster(gbps=0.1), ready_seconds=ready)
+    assert compressed.compressed and not [b for b in compressed.buckets if b.strategy == "dense"]
+    assert planning.predicted_exchange_time(slowed(compressed, 4.0)) == planning.predicted_exchange_time(compressed)
+    # A slowdown measured in training can make compression pay where overlap seemed to hide dense.
+    model = cluster(gbps=5.0, c0=1e-3, c1=2e-9)
+    ready = [0.0, 0.03, 0.06, 0.09]
+    fast = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), model, ready_seconds=ready)
+    slow = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), dataclasses.replace(model, overlap_slowdown=10.0),
+                              ready_seconds=ready)
+    assert not fast.compressed and slow.compressed
+    assert "transfers 10.00x slower during the backward pass" in slow.table()

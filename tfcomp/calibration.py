@@ -37,6 +37,11 @@ the cache off) keyed by the machine (rank 0's host name and CPU), the world layo
 and tfcomp versions, the compressor's settings and the gradients' sizes (as far as they size the
 probes); a change of any of them measures again. A first stage's lower bounds are cached as such:
 a later job on a network where they no longer rule compression out measures the rest.
+
+The same file keeps the gradients' ready times measured in training (`store_ready_times`, called
+when the exchange re-plans with them), keyed by the hosts and the gradients' exact sizes, so that a
+later job of the same model makes its first plan with them (`cached_ready_times`) instead of
+assuming every gradient ready after the backward pass.
 """
 
 from __future__ import annotations
@@ -64,7 +69,8 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planning import Bucket, Plan, all_dense_time, make_plan, predicted_exchange_time
 from tfcomp.step import StepGraph
 
-__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "calibrate", "cost_settings", "measure_compression"]
+__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "cost_settings",
+           "measure_compression", "store_ready_times"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
@@ -438,12 +444,14 @@ def _cache_path():
 
 
 _CACHE_FORMAT, _CACHE_VERSION = "tfcomp calibration cache", 2
+# The file's sections: calibration figures by `cache_key`, gradients' ready times by `_ready_key`.
+_CACHE_SECTIONS = ("entries", "ready_times")
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
                type(None): "null"}
 
 
-def _cache_entries(path) -> dict:
-    """{key: entry} of the cache file at `path`, {} where there is none; a ValueError saying what is
+def _cache_content(path) -> dict:
+    """The cache file at `path` as a dict ({} where there is none); a ValueError saying what is
     wrong with a file that is not a cache of this format and version."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -460,10 +468,18 @@ def _cache_entries(path) -> dict:
     if format_ != _CACHE_FORMAT or version != _CACHE_VERSION or isinstance(version, bool):
         raise ValueError(f"is not a {_CACHE_FORMAT!r} of version {_CACHE_VERSION} (format "
                          f"{reprlib.repr(format_)}, version {reprlib.repr(version)})")
-    if not isinstance(content.get("entries"), dict):
-        raise ValueError(f"has entries that are a JSON {_JSON_TYPES.get(type(content.get('entries')), '?')}, "
-                         "not an object")
-    return content["entries"]
+    for section in _CACHE_SECTIONS:
+        if not isinstance(content.get(section, {}), dict):
+            raise ValueError(f"has {section} that are a JSON {_JSON_TYPES.get(type(content.get(section)), '?')}, "
+                             "not an object")
+    if "entries" not in content:
+        raise ValueError("has entries that are a JSON null, not an object")
+    return content
+
+
+def _cache_entries(path) -> dict:
+    """{key: entry} of the calibration figures in the cache file at `path` (see `_cache_content`)."""
+    return _cache_content(path).get("entries", {})
 
 
 def _cache_entry_model(entry, workers=None) -> ClusterModel:
@@ -504,29 +520,35 @@ def _read_cache(path, key, workers=None):
 
 def _write_cache(path, key, model: ClusterModel, complete: bool = True) -> None:
     """Adds (or replaces) `key`'s entry (`complete`: see `_read_cache`), keeping the other usable
-    entries. Atomic: the file is
-    written beside the old one and renamed over it, so a killed job leaves the old file or the new
-    one. A file that is not a usable cache is kept as `<path>.bad`. Failures are reported, not
-    raised (a read-only home must not stop training)."""
+    entries (`_rewrite_cache`)."""
+    _rewrite_cache(path, "entries", key, {"figures": model.validate().to_list(), "complete": bool(complete)})
+
+
+def _rewrite_cache(path, section: str, key, value: dict) -> None:
+    """Sets `key` of the file's `section` to `value` (with the host and the time added), keeping
+    the other usable entries of both sections. Atomic: the file is written beside the old one and
+    renamed over it, so a killed job leaves the old file or the new one. A file that is not a usable
+    cache is kept as `<path>.bad`. Failures are reported, not raised (a read-only home must not stop
+    training)."""
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         try:
-            entries, unusable = _cache_entries(path), False
+            content, unusable = _cache_content(path), False
         except ValueError:
-            entries, unusable = {}, True
-        kept = {}
-        for other, entry in entries.items():
-            try:
+            content, unusable = {}, True
+        kept = {"entries": {}, "ready_times": {}}
+        for other, entry in content.get("entries", {}).items():
+            with contextlib.suppress(ValueError):
                 _cache_entry_model(entry)
-            except ValueError:
-                continue
-            kept[other] = entry
-        kept[key] = {"figures": model.validate().to_list(), "complete": bool(complete), "host": platform.node(),
-                     "time": time.time()}
+                kept["entries"][other] = entry
+        for other, entry in content.get("ready_times", {}).items():
+            with contextlib.suppress(ValueError):
+                _ready_entry_seconds(entry)
+                kept["ready_times"][other] = entry
+        kept[section][key] = {**value, "host": platform.node(), "time": time.time()}
         with open(temporary, "w", encoding="utf-8") as f:
-            json.dump({"format": _CACHE_FORMAT, "version": _CACHE_VERSION, "entries": kept}, f, indent=1,
-                      allow_nan=False)
+            json.dump({"format": _CACHE_FORMAT, "version": _CACHE_VERSION, **kept}, f, indent=1, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
         if unusable and os.path.isfile(path):
@@ -537,6 +559,60 @@ def _write_cache(path, key, model: ClusterModel, complete: bool = True) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.remove(temporary)
+
+
+def _ready_key(process_set, tensor_elements) -> str:
+    """What cached ready times depend on: the host, its CPU, the world layout, TensorFlow's and
+    tfcomp's versions, and the gradients' exact sizes in backprop order (the model)."""
+    layout = [hvd.size(), hvd.local_size(), hvd.cross_size(), process_set.size()]
+    parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count()), str(layout),
+             tf.__version__, _tfcomp_version(), str([int(n) for n in tensor_elements])]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def _ready_entry_seconds(entry, count=None) -> list:
+    """The ready times of a cache entry (floats in [0, 1 hour), `count` of them where given); a
+    ValueError saying what is wrong otherwise."""
+    seconds = entry.get("seconds") if isinstance(entry, dict) else None
+    if not isinstance(seconds, list) or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and 0.0 <= t < 3600.0 for t in seconds):
+        raise ValueError(f"is not an object with a list of ready times in seconds: {reprlib.repr(entry)}")
+    if count is not None and len(seconds) != count:
+        raise ValueError(f"has {len(seconds)} ready times for {count} gradients")
+    return [float(t) for t in seconds]
+
+
+def cached_ready_times(process_set, tensor_elements):
+    """The gradients' ready times (seconds from the first, one per tensor of `tensor_elements`, in
+    backprop order) that `store_ready_times` kept from an earlier job of the same model on the same
+    hosts, rank 0's on every rank; None where there are none (or the cache is off). Every rank of
+    `process_set` must call it at the same point (one broadcast). An unusable entry is reported in
+    one line and ignored."""
+    count = len(tensor_elements)
+    path = _cache_path()
+    seconds = None
+    if path and process_set.rank() == 0 and count:
+        key = _ready_key(process_set, tensor_elements)
+        try:
+            entry = _cache_content(path).get("ready_times", {}).get(key)
+            seconds = None if entry is None else _ready_entry_seconds(entry, count)
+        except ValueError as error:
+            _report_cache(path, f"ready times {key}: {error}; ignored")
+    if process_set.size() > 1:
+        sent = tf.constant([0.0 if seconds is None else 1.0] + (seconds or [0.0] * count), tf.float64)
+        shared = hvd.broadcast(sent, 0, process_set=process_set, name="tfcomp_cached_ready_times").numpy()
+        seconds = [float(t) for t in shared[1:]] if shared[0] == 1.0 else None
+    return seconds
+
+
+def store_ready_times(process_set, tensor_elements, ready_seconds) -> None:
+    """Keeps `ready_seconds` (one per tensor of `tensor_elements`, backprop order; measured in
+    training, the same on every rank) for later jobs of the same model on the same hosts
+    (`cached_ready_times`); rank 0 writes, the others do nothing. Nothing where the cache is off."""
+    seconds = _ready_entry_seconds({"seconds": [float(t) for t in ready_seconds]}, len(tensor_elements))
+    path = _cache_path()
+    if path and process_set.rank() == 0:
+        _rewrite_cache(path, "ready_times", _ready_key(process_set, tensor_elements), {"seconds": seconds})
 
 
 def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cached=None) -> tuple:

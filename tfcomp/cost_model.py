@@ -39,6 +39,7 @@ __all__ = [
     "CLUSTER_LIMITS",
     "HOROVOD_CYCLE_SECONDS",
     "HOROVOD_FUSION_BYTES",
+    "MAX_OVERLAP_SLOWDOWN",
     "ClusterModel",
     "Network",
     "STRATEGIES",
@@ -50,6 +51,7 @@ __all__ = [
     "horovod_dense_finish",
     "overlapped_dense_iteration",
     "strategy_time",
+    "transfer_end",
     "alltoall",
     "artopk_ring",
     "artopk_tree",
@@ -309,6 +311,18 @@ CLUSTER_LIMITS = {
     "compression_fixed": (0.0, _HOUR, "seconds"),
 }
 _LIST_FIELDS = ("workers", *CLUSTER_LIMITS)
+MAX_OVERLAP_SLOWDOWN = 20.0  # ClusterModel.overlap_slowdown's greatest value
+
+
+def transfer_end(start: float, seconds: float, busy_until: float, slowdown: float) -> float:
+    """When a transfer of `seconds` (on an idle device) that starts at `start` ends, where it runs
+    `slowdown` times slower until `busy_until` (the backward pass's end) and at full speed after."""
+    if start >= busy_until or slowdown == 1.0:
+        return start + seconds
+    done_while_busy = (busy_until - start) / slowdown
+    if seconds <= done_while_busy:
+        return start + seconds * slowdown
+    return busy_until + seconds - done_while_busy
 
 
 @dataclass(frozen=True)
@@ -325,6 +339,11 @@ class ClusterModel:
     compression_per_tensor: float = 0.0  # seconds each tensor adds to a compressed bucket's work
     merge_per_element: float = 0.0  # seconds per element to concatenate and split a multi-tensor bucket
     compression_fixed: float = 0.0  # seconds an exchange with any compressed bucket pays once, beyond its buckets
+    # How many times longer a transfer takes while the backward pass still computes on the same
+    # device (the two compete for it; 000's gamma seen from the network's side). Fitted in training
+    # from the exchange's timeline (`tfcomp.planning.fit_overlap_slowdown`), not by calibration, so
+    # not in `to_list`; 1: a transfer during the backward pass is as fast as one after it.
+    overlap_slowdown: float = 1.0
 
     def __post_init__(self):
         self.validate()
@@ -342,6 +361,11 @@ class ClusterModel:
         for field in CLUSTER_LIMITS:
             owner, _, name = field.rpartition(".")
             _check_figure(field, getattr(getattr(self, owner), name) if owner else getattr(self, name))
+        slowdown = self.overlap_slowdown
+        if isinstance(slowdown, bool) or not isinstance(slowdown, numbers.Real) or not (
+                1.0 <= slowdown <= MAX_OVERLAP_SLOWDOWN):
+            raise ValueError(f"ClusterModel.overlap_slowdown must be a finite number in [1, {MAX_OVERLAP_SLOWDOWN:g}], "
+                             f"got {slowdown!r}")
         return self
 
     def to_list(self) -> list:

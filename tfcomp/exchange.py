@@ -23,13 +23,14 @@ graph mode is refused at construction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tfcomp import planning
 from tfcomp.collectives import HorovodCollectives
 from tfcomp.compressors import FP16, Compressor
 from tfcomp.counters import ExchangeCounters
@@ -37,10 +38,11 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph, wire_bytes
 
-__all__ = ["COMPRESSIBLE_DTYPES", "GradientExchange", "TensorRecord", "check_predivide_factor", "check_tf2_mode",
+__all__ = ["COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "GradientExchange", "TensorRecord", "check_predivide_factor", "check_tf2_mode",
            "exchange_of"]
 
 COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+DEPARTURE_THRESHOLD = 0.25  # check_prediction re-plans where the measured exchange departs by more
 
 
 def check_tf2_mode() -> None:
@@ -177,9 +179,17 @@ class GradientExchange(tf.Module):
 
     @property
     def calibration_seconds(self) -> float:
-        """Seconds the first plan's calibration took: the network probes alone where the
-        compression costs came from the cache; 0 where there was none (one worker, planning off)."""
+        """Seconds calibration took in this job (the first plan's, and any `check_prediction`
+        calibrated again): the network probes alone where the compression costs came from the
+        cache; 0 where there was none (one worker, planning off)."""
         return self._planner.calibration_seconds
+
+    @property
+    def ready_times_cached(self) -> bool:
+        """Whether the first plan took the gradients' ready times from an earlier job of the same
+        model on the same hosts (`tfcomp.calibration.cached_ready_times`) rather than assuming all
+        of them ready after the backward pass."""
+        return self._planner.ready_cached
 
     # -- Horovod's calling protocol ----------------------------------------------------------------
 
@@ -244,7 +254,9 @@ class GradientExchange(tf.Module):
         entry = self._install(cache_key, plan, tensors, signature, specs, keys)
         self._take_restored_state()
         if self._collectives.rank == 0 and self._collectives.size > 1 and self.compressor.planning == "auto" and tensors:
-            logging.info("tfcomp: calibrated in %.1f s\n%s", self.calibration_seconds, plan.table())
+            logging.info("tfcomp: calibrated in %.1f s%s\n%s", self.calibration_seconds,
+                         "; the gradients' ready times from an earlier job" if self._planner.ready_cached else "",
+                         plan.table())
         return entry
 
     def _install(self, cache_key, plan, tensors, signature, specs, keys) -> _PlanEntry:
@@ -267,26 +279,111 @@ class GradientExchange(tf.Module):
         then the training step must be traced again to run it (Keras: `model.make_train_function(
         force=True)`, which the callback does; a custom loop: a new `tf.function`); the new plan is
         tried in training like the first. False (nothing done) with planning="off", a fixed plan
-        or one worker. Residuals carry over; a bucket now sent dense sends its residual first."""
-        entry = self._plans.get(self._last_key)
-        if (entry is None or self._fixed_plan is not None or self.compressor.planning != "auto"
-                or self._collectives.size < 2 or not entry.tensors):
+        or one worker. Residuals carry over; a bucket now sent dense sends its residual first. The
+        ready times are cached (`tfcomp.calibration.store_ready_times`) for the first plan of a
+        later job of the same model on the same hosts."""
+        entry = self._replannable()
+        if entry is None:
             return False
         measured = entry.runtime.timeline.read()
         if measured["steps"] == 0:
             raise RuntimeError("tfcomp: replan() needs the ready times of at least one training step; call it after "
                                "training has run")
+        ready, _ = self._latest_over_ranks(entry, measured)
+        self._planner.keep_ready_times(entry.tensors, ready)
+        changed = self._plan_again(entry, ready)
+        if changed and self._collectives.rank == 0:
+            logging.info("tfcomp: re-planned with the gradients' ready times measured over %d steps\n%s",
+                         measured["steps"], self.plan.table())
+        return changed
+
+    def check_prediction(self, threshold: float = DEPARTURE_THRESHOLD):
+        """Compares when the exchange ends, measured (the timeline's medians over its window, the
+        latest over the ranks), with what the cost model predicts for the plan being run (all dense
+        where its trial dropped it) given the same measured ready times, and re-plans where they
+        differ by more than `threshold` (a fraction of the prediction, > 0): first with the
+        overlap slowdown fitted to the measurement (`tfcomp.planning.fit_overlap_slowdown`: how much
+        slower transfers run beside the backward pass), and, where that does not bring the
+        prediction within `threshold` (the network or the compression costs are off), with the
+        cluster calibrated again (the networks measured, the compression costs from the cache) and
+        the slowdown fitted anew. Every rank decides from the same gathered figures; the new plan's
+        digest is checked across ranks and, where it compresses, it is tried in training.
+
+        Call it eagerly, on every rank at the same step (`tfcomp.keras.Replan` does). Returns None
+        where there is nothing to check yet (no plan made by the planner, one worker, the plan's
+        trial undecided or the timeline's window not yet full since the plan was installed), else
+        {"predicted_seconds", "measured_seconds", "departure" (measured / predicted - 1),
+        "replanned" (whether the figures were fitted again), "changed" (whether the plan's buckets
+        did: then trace the step again, as after `replan`), "overlap_slowdown",
+        "recalibrated"}."""
+        if not threshold > 0.0:
+            raise ValueError(f"threshold must be a fraction > 0 of the predicted exchange time, got {threshold!r}")
+        entry = self._replannable()
+        if entry is None:
+            return None
+        runtime = entry.runtime
+        window = runtime.timeline.window
+        decided_at = runtime.trial.decision_step if runtime.trial is not None else 0
+        if int(runtime.timeline.steps.numpy()) < decided_at + window:
+            return None
+        ready, measured = self._latest_over_ranks(entry, runtime.timeline.read())
+        running = entry.plan.all_dense() if self._plan_dropped() else entry.plan
+        running = replace(running, ready={p: ready[i] for i, (p, _, _) in enumerate(entry.tensors)})
+        predicted = planning.predicted_exchange_time(running)
+        departure = measured / predicted - 1.0 if predicted > 0.0 else 0.0
+        result = {"predicted_seconds": predicted, "measured_seconds": measured, "departure": departure,
+                  "replanned": False, "changed": False, "overlap_slowdown": running.cluster.overlap_slowdown,
+                  "recalibrated": False}
+        if abs(departure) <= threshold:
+            return result
+
+        def fitted(cluster):
+            plan = replace(running, cluster=replace(cluster, overlap_slowdown=1.0))
+            slowdown = planning.fit_overlap_slowdown(plan, measured)
+            return replace(cluster, overlap_slowdown=slowdown)
+
+        cluster = fitted(running.cluster)
+        if abs(measured / planning.predicted_exchange_time(replace(running, cluster=cluster)) - 1.0) > threshold:
+            with tf.init_scope():
+                cluster = fitted(self._planner.recalibrate(entry.tensors))
+            result["recalibrated"] = True
+        self._planner.cluster = cluster
+        result.update(replanned=True, changed=self._plan_again(entry, ready), overlap_slowdown=cluster.overlap_slowdown)
+        if self._collectives.rank == 0:
+            logging.info("tfcomp: the exchange ended %.1f ms after the first gradient where %.1f ms were predicted "
+                         "(%+.0f %%); re-planned with transfers %.2fx slower beside the backward pass%s\n%s",
+                         1e3 * measured, 1e3 * predicted, 100.0 * departure, cluster.overlap_slowdown,
+                         " and the cluster calibrated again" if result["recalibrated"] else "", self.plan.table())
+        return result
+
+    def _replannable(self):
+        """The plan entry of the last list of gradients where the planner made it and may remake
+        it (planning="auto", no fixed plan, several workers, gradients to plan); else None."""
+        entry = self._plans.get(self._last_key)
+        if (entry is None or self._fixed_plan is not None or self.compressor.planning != "auto"
+                or self._collectives.size < 2 or not entry.tensors):
+            return None
+        return entry
+
+    def _latest_over_ranks(self, entry, measured: dict) -> tuple:
+        """([ready seconds per planner tensor], the exchange's end): `measured`'s timeline medians,
+        the latest over the ranks (one allgather)."""
+        values = measured["ready_seconds"] + [max(measured["bucket_end_seconds"], default=0.0)]
         with tf.init_scope():
-            ready = self._collectives.allgather([tf.constant(measured["ready_seconds"], tf.float64)])[0]
-            latest = np.max(np.reshape(ready.numpy(), [self._collectives.size, -1]), axis=0)
-            plan = self._planner.plan(entry.tensors, entry.signature,
-                                      ready_seconds=[float(latest[p]) for p, _, _ in entry.tensors])
+            gathered = self._collectives.allgather([tf.constant(values, tf.float64)])[0]
+        latest = np.max(np.reshape(gathered.numpy(), [self._collectives.size, -1]), axis=0)
+        return [float(latest[p]) for p, _, _ in entry.tensors], float(latest[-1])
+
+    def _plan_again(self, entry, ready: list) -> bool:
+        """Makes the plan of `entry`'s gradients with `ready` times; installs it where its buckets
+        differ (returns True: the step must be traced again), else keeps running the old one with
+        the new plan's figures."""
+        with tf.init_scope():
+            plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
         if plan.digest() == entry.plan.digest():
+            entry.plan = self.plan = plan
             return False
         self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources)
-        if self._collectives.rank == 0:
-            logging.info("tfcomp: re-planned with the gradients' ready times measured over %d steps\n%s",
-                         measured["steps"], plan.table())
         return True
 
     def _take_restored_state(self) -> None:

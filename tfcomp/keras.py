@@ -7,7 +7,9 @@
 
 `Replan(after_steps=30)` makes the exchange's plan again once, with when each gradient became ready
 in those steps (`GradientExchange.replan`), so that dense buckets are priced with their overlap
-of the backward pass, and has Keras trace the training step again where the plan changed.
+of the backward pass, then every 20 steps compares the exchange's measured end with the prediction
+and re-plans where they part by more than 25 % (`GradientExchange.check_prediction`), and has Keras
+trace the training step again wherever the plan changed.
 
 `CompressionMonitor` adds, at the end of every epoch, these entries to the epoch's `logs` (so the
 progress bar, and the callbacks after it in the list, such as `CSVLogger` and `TensorBoard`, show
@@ -40,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp.exchange import exchange_of
+from tfcomp.exchange import DEPARTURE_THRESHOLD, exchange_of
 
 __all__ = ["CompressionMonitor", "Replan"]
 
@@ -120,33 +122,64 @@ class CompressionMonitor(tf.keras.callbacks.Callback):
 
 
 class Replan(tf.keras.callbacks.Callback):
-    """Re-plans the tfcomp exchange once, after `after_steps` training steps (counted over every
-    `fit` call), with the gradients' ready times measured in them (`GradientExchange.replan`, on
-    every rank at the same step), and rebuilds Keras's training function where the plan changed so
-    that the next step runs it. `replanned`: None until then, else whether the plan changed. Does
-    nothing for an optimizer that runs no tfcomp exchange.
+    """Re-plans the tfcomp exchange with what training measures, on every rank at the same step
+    (steps counted over every `fit` call), and rebuilds Keras's training function wherever the plan
+    changed so that the next step runs it:
+
+      * once, after `after_steps` steps, with the gradients' ready times measured in them
+        (`GradientExchange.replan`), so that dense buckets are priced with their overlap of the
+        backward pass;
+      * then every `check_every` steps, where the exchange's measured end departs from the
+        prediction by more than `threshold` (`GradientExchange.check_prediction`: the overlap
+        slowdown fitted, or the cluster calibrated again), at most `max_replans` times.
+
+    `replanned`: None until `after_steps`, then whether that re-plan changed the plan; `checks`:
+    each `check_prediction` result that was not None, in order. Does nothing for an optimizer that
+    runs no tfcomp exchange.
 
     Args:
       after_steps: training steps to measure first (>= 1; default 30: past the first plan's trial
         of 2 x 11 steps, and the timeline's 20-step window full).
+      check_every: steps between checks of the prediction (>= 1), or None: no checks.
+      threshold: the departure (a fraction of the prediction, > 0) that re-plans.
+      max_replans: at most this many re-plans by the checks (>= 0).
     """
 
-    def __init__(self, after_steps: int = 30):
+    def __init__(self, after_steps: int = 30, check_every=20, threshold: float = DEPARTURE_THRESHOLD,
+                 max_replans: int = 3):
         super().__init__()
-        if isinstance(after_steps, bool) or not isinstance(after_steps, int) or after_steps < 1:
-            raise ValueError(f"after_steps must be an integer >= 1, got {after_steps!r}")
+        for name, value, least in (("after_steps", after_steps, 1), ("max_replans", max_replans, 0)) + (
+                (("check_every", check_every, 1),) if check_every is not None else ()):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 < threshold < float("inf"):
+            raise ValueError(f"threshold must be a finite fraction > 0, got {threshold!r}")
         self.after_steps = after_steps
+        self.check_every = check_every
+        self.threshold = float(threshold)
+        self.max_replans = max_replans
         self.replanned = None
+        self.checks = []
         self._steps = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
-        if self._steps != self.after_steps:
+        since = self._steps - self.after_steps
+        checking = (self.check_every is not None and since > 0 and since % self.check_every == 0
+                    and sum(c["replanned"] for c in self.checks) < self.max_replans)
+        if since != 0 and not checking:
             return
         try:
             exchange = exchange_of(self.model.optimizer)
         except TypeError:
             return
-        self.replanned = exchange.replan()
-        if self.replanned:
+        if since == 0:
+            self.replanned = changed = exchange.replan()
+        else:
+            result = exchange.check_prediction(self.threshold)
+            if result is None:
+                return
+            self.checks.append(result)
+            changed = result["changed"]
+        if changed:
             self.model.make_train_function(force=True)

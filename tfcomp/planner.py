@@ -49,13 +49,16 @@ class Planner:
         self.process_set = process_set
         self.settings = settings
         self.cluster = None
-        self.calibration_seconds = 0.0  # how long calibration took (0: none)
+        self.calibration_seconds = 0.0  # how long calibration took, all of it in this job (0: none)
+        self.ready_cached = False  # whether the first plan took the gradients' ready times from the cache
 
     def plan(self, tensors, signature, ready_seconds=None) -> planning.Plan:
         """The plan for `tensors` = [(position, name, elements)] in backprop order (the gradients
         that may be compressed), checked equal on all ranks. `signature`: a `TensorSignature` per
         gradient of the exchange's list, in its order. `ready_seconds`: when each of `tensors` is
-        ready (`tfcomp.planning.make_plan`), the same on every rank; None: all after the backward pass."""
+        ready (`tfcomp.planning.make_plan`), the same on every rank; None: those an earlier job of
+        the same model measured on these hosts (`calibration.cached_ready_times`) for the first
+        plan, else all after the backward pass."""
         workers = self.process_set.size()
         if workers > 1:
             self._check_agreement(signature)
@@ -63,15 +66,29 @@ class Planner:
             plan = planning.per_tensor_plan(tensors, self.compressor, ClusterModel.unpriced(workers))
         else:
             if self.cluster is None:
-                start = time.perf_counter()
-                self.cluster = calibration.calibrate(self.compressor, self.process_set,
-                                                     max_elements=sum(n for _, _, n in tensors),
-                                                     tensor_elements=[n for _, _, n in tensors])
-                self.calibration_seconds = time.perf_counter() - start
+                self.recalibrate(tensors)
+                if ready_seconds is None and workers > 1:
+                    ready_seconds = calibration.cached_ready_times(self.process_set, [n for _, _, n in tensors])
+                    self.ready_cached = ready_seconds is not None
             plan = planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds)
         if workers > 1:
             self._check_plan(plan)
         return plan
+
+    def keep_ready_times(self, tensors, ready_seconds) -> None:
+        """Caches `ready_seconds` (measured in training, one per tensor of `tensors`, the same on
+        every rank) for the first plan of a later job of the same model (`calibration`'s cache)."""
+        calibration.store_ready_times(self.process_set, [n for _, _, n in tensors], ready_seconds)
+
+    def recalibrate(self, tensors):
+        """Calibrates the cluster for `tensors` (as in `plan`), on every rank at the same point;
+        the figures every later plan is made from. Returns the `ClusterModel`."""
+        start = time.perf_counter()
+        self.cluster = calibration.calibrate(self.compressor, self.process_set,
+                                             max_elements=sum(n for _, _, n in tensors),
+                                             tensor_elements=[n for _, _, n in tensors])
+        self.calibration_seconds += time.perf_counter() - start
+        return self.cluster
 
     def _check_agreement(self, signature) -> None:
         """Raises PlanMismatchError on every rank if the ranks' compressors, settings or gradient

@@ -13,7 +13,9 @@ walks y = 1, 2, ... and stops when one more group no longer helps by `min_gain` 
 all dense becomes all dense. No training step is probed: it is arithmetic on calibrated figures.
 
 With the gradients' ready times (measured in training: `tfcomp.timeline`) a bucket may start before
-the backward pass ends, and plans are priced by when their exchange ends.
+the backward pass ends, and plans are priced by when their exchange ends; how much slower a transfer
+runs while the backward pass computes beside it is fitted to a measured exchange by
+`fit_overlap_slowdown`.
 
 `per_tensor_plan` is the plan with planning="off": one bucket per tensor. `predicted_exchange_time`
 prices a plan as the exchange runs it (one grouped collective per compressed strategy, dense
@@ -26,11 +28,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 
 from tfcomp import cost_model as cm
 
-__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "digest", "make_plan", "per_tensor_plan",
-           "predicted_exchange_time"]
+__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "digest", "fit_overlap_slowdown", "make_plan",
+           "per_tensor_plan", "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
@@ -87,7 +90,9 @@ class Plan:
         """Readable: bucket, tensors, elements, strategy, predicted time with it and dense."""
         lines = [f"tfcomp plan for {self.compressor} on {self.cluster.workers} workers "
                  f"(allreduce {_rate(self.cluster.allreduce)}, allgather {_rate(self.cluster.allgather)}, "
-                 f"compressing at all {1e3 * self.cluster.compression_fixed:.3f} ms a step)",
+                 f"compressing at all {1e3 * self.cluster.compression_fixed:.3f} ms a step"
+                 + (f", transfers {self.cluster.overlap_slowdown:.2f}x slower during the backward pass"
+                    if self.cluster.overlap_slowdown != 1.0 else "") + ")",
                  f"{'bucket':>6s} {'tensors':>7s} {'elements':>11s} {'strategy':>10s} {'predicted ms':>12s} "
                  f"{'dense ms':>9s}  first tensor"]
         for i, b in enumerate(self.buckets):
@@ -219,6 +224,7 @@ def _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups
     for start, end in units:
         prefix.append(prefix[-1] + sum(n for _, _, n in tensors[start:end]))
     unit_ready = [max(ready[start:end]) for start, end in units]
+    backward_end = max(ready)
     count = len(units)
     cost = {}
     for i in range(count):
@@ -235,7 +241,8 @@ def _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups
             for i in range(y - 1, j):
                 if finish[y - 1][i] == inf:
                     continue
-                t = max(unit_ready[j - 1], finish[y - 1][i]) + cost[i, j][1].total
+                t = cm.transfer_end(max(unit_ready[j - 1], finish[y - 1][i]), cost[i, j][1].total, backward_end,
+                                    cluster.overlap_slowdown)
                 if t < finish[y][j]:
                     finish[y][j], choice[y][j] = t, i
     partitions = {}
@@ -306,8 +313,9 @@ def predicted_exchange_time(plan: Plan) -> float:
     backward pass made it longer by about as much). An AR-Topk group pays one broadcast per bucket. Collectives run one
     at a time in the order they become ready (Horovod's background loop), dense allreduces that are
     ready when the network frees up go as one (its fusion: latency paid once), every tensor put in
-    a collective adds the per-tensor bookkeeping, and what compressing costs once per step
-    (`cluster.compression_fixed`) comes last. The exchange ends no earlier than the last gradient."""
+    a collective adds the per-tensor bookkeeping, a transfer during the backward pass takes
+    `cluster.overlap_slowdown` times longer until the pass ends, and what compressing costs once per
+    step (`cluster.compression_fixed`) comes last. The exchange ends no earlier than the last gradient."""
     cluster, k, compressor = plan.cluster, plan.cluster.workers, plan.compressor
     per_tensor = cluster.per_tensor if k > 1 else 0.0
 
@@ -320,7 +328,8 @@ def predicted_exchange_time(plan: Plan) -> float:
     for b in plan.compressed:
         groups.setdefault(b.strategy, []).append(b)
     collectives = []  # (ready, seconds on the network)
-    computing = max(plan.ready.values(), default=0.0)  # the device is busy with the backward pass until then
+    backward_end = max(plan.ready.values(), default=0.0)
+    computing = backward_end  # the device is busy with the backward pass until then
     for strategy, buckets in sorted(groups.items(), key=lambda item: max(map(ready_of, item[1]))):
         computing += sum(b.predicted.compression for b in buckets)
         network = _group_communication(strategy, [b.elements for b in buckets], compressor, cluster)
@@ -333,8 +342,9 @@ def predicted_exchange_time(plan: Plan) -> float:
             start = max(free, dense[0][0])
             fused = [d for d in dense if d[0] <= start]
             dense = dense[len(fused):]
-            free = start + cm.ring_allreduce(sum(d[1] for d in fused), k, cluster.allreduce) + per_tensor * sum(
+            seconds = cm.ring_allreduce(sum(d[1] for d in fused), k, cluster.allreduce) + per_tensor * sum(
                 d[2] for d in fused)
+            free = cm.transfer_end(start, seconds, backward_end, cluster.overlap_slowdown)
         else:
             ready, seconds = collectives.pop(0)
             free = max(free, ready) + seconds
@@ -357,6 +367,33 @@ def _group_communication(strategy: str, elements: list, compressor, cluster: cm.
     if getattr(compressor, "artopk_owner", "star") == "var":
         seconds += cm.ring_allgather(4 * len(selected), k, cluster.allgather)
     return seconds
+
+
+def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float = 1e-4) -> float:
+    """The `ClusterModel.overlap_slowdown` (in [1, cm.MAX_OVERLAP_SLOWDOWN]) with which
+    `predicted_exchange_time(plan)` comes to `measured_seconds`, the exchange's end measured with
+    `plan` run (its `ready` the measured ready times): 1 where the plan is predicted to end no
+    earlier than measured (or nothing of it overlaps the backward pass), the greatest where even that
+    does not explain the measurement. Bisection: the prediction grows with the slowdown."""
+    if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):
+        raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
+
+    def predicted(slowdown: float) -> float:
+        cluster = dataclasses.replace(plan.cluster, overlap_slowdown=slowdown)
+        return predicted_exchange_time(dataclasses.replace(plan, cluster=cluster))
+
+    low, high = 1.0, cm.MAX_OVERLAP_SLOWDOWN
+    if predicted(low) >= measured_seconds:
+        return low
+    if predicted(high) <= measured_seconds:
+        return high
+    while high - low > tolerance:
+        middle = 0.5 * (low + high)
+        if predicted(middle) < measured_seconds:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
 
 
 def all_dense_time(plan: Plan) -> float:
