@@ -2,18 +2,21 @@
 bucket's exchange ends, against the end of the backward pass; and the plan re-made with them.
 
     python -m benchmarks.exchange_timeline [--workers=2] [--rate=1gbit] [--steps=90]
-        [--replan_after=30] [--out_dir=benchmarks/results]
+        [--replan_after=30] [--check_every=20] [--out_dir=benchmarks/results]
 
 Needs root (benchmarks/cluster.py). One `horovodrun -np K` job (one worker per host) trains the
 Fashion-MNIST CNN of examples/models.py on random batches (the timeline does not depend on the
 pixels) with model.fit, once per configuration, in this order: every bucket dense (DRAGONN with
 strategy="dense": one bucket), the same re-planned after --replan_after steps with the ready
-times measured (tfcomp.keras.Replan: dense buckets that overlap the backward pass), DRAGONN 0.01
-with its default plan, and that re-planned. Each reports the exchange's timeline
+times measured (tfcomp.keras.Replan without checks: dense buckets that overlap the backward pass),
+the same with the prediction checked every --check_every steps after that (Replan's default:
+re-planned where the measured exchange departs from the prediction by more than 25 %), and DRAGONN
+0.01 with its default plan, re-planned, and re-planned and checked. Each reports the exchange's timeline
 (tfcomp.timeline: medians over the last 20 steps), the plan's buckets, the plan's predicted end of
 the exchange with the measured ready times, and the median training step (from one batch's end to
 the next, over the steps after the re-plan and the new plan's trial: from --replan_after + 25 on,
-for every configuration alike; the timeline's 20 steps are the last ones). Writes exchange_timeline.json and
+for every configuration alike; the timeline's 20 steps are the last ones), the median of the
+last --last_steps steps (after any re-plan by a check), and each check's figures. Writes exchange_timeline.json and
 exchange_timeline.md into --out_dir.
 """
 
@@ -33,10 +36,13 @@ flags.DEFINE_string("rate", "1gbit", "Link rate per host (e.g. 1gbit), or 'none'
 flags.DEFINE_integer("steps", 90, "Training steps per configuration.")
 flags.DEFINE_integer("replan_after", 30, "Steps before the re-planned configuration re-plans.")
 flags.DEFINE_integer("batch_size", 32, "Batch size per worker.")
+flags.DEFINE_integer("check_every", 20, "Steps between the checked configurations' checks of the prediction.")
+flags.DEFINE_integer("last_steps", 30, "The median step of the last this many steps is reported too.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
 flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes the record.")
 
-CONFIGS = ("dense", "dense re-planned", "DRAGONN 0.01 default plan", "DRAGONN 0.01 re-planned")
+CONFIGS = ("dense", "dense re-planned", "dense re-planned, checked", "DRAGONN 0.01 default plan",
+           "DRAGONN 0.01 re-planned", "DRAGONN 0.01 re-planned, checked")
 
 
 def _worker() -> None:
@@ -75,8 +81,11 @@ def _worker() -> None:
         model.compile(opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         clock = StepClock()
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), clock]
-        if config.endswith("re-planned"):
-            callbacks.append(tfcomp.keras.Replan(after_steps=FLAGS.replan_after))
+        replan = None
+        if "re-planned" in config:
+            replan = tfcomp.keras.Replan(after_steps=FLAGS.replan_after,
+                                         check_every=FLAGS.check_every if config.endswith("checked") else None)
+            callbacks.append(replan)
         model.fit(x, y, batch_size=FLAGS.batch_size, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
         exchange = tfcomp.exchange_of(opt)
         measured = exchange.timeline.read()
@@ -94,7 +103,11 @@ def _worker() -> None:
                         for b, end in zip(plan.buckets, measured["bucket_end_seconds"])],
             "predicted_end_ms": 1e3 * planning.predicted_exchange_time(priced),
             "step_ms": 1e3 * float(np.median(steps)),
+            "last_steps_ms": 1e3 * float(np.median(np.diff(clock.ends)[-FLAGS.last_steps:])),
             "trial": trial,
+            "checks": [] if replan is None else [
+                {key: c[key] for key in ("predicted_seconds", "measured_seconds", "departure", "changed",
+                                         "overlap_slowdown", "recalibrated")} for c in replan.checks],
         }
     if hvd.rank() == 0:
         with open(FLAGS.json_out, "w") as f:
@@ -105,13 +118,18 @@ def summarise(record: dict) -> str:
     """Markdown: per configuration, the backward pass, each bucket's ready and end times, the
     predicted and measured end of the exchange, and the median step."""
     lines = ["| configuration | backward ends (ms) | buckets: strategy, tensors, ready -> end (ms) | exchange ends, "
-             "measured (ms) | predicted (ms) | median step (ms) |", "|---|---|---|---|---|---|"]
+             "measured (ms) | predicted (ms) | median step (ms) | last steps (ms) | checks: measured / predicted "
+             "(ms), slowdown, plan changed |", "|---|---|---|---|---|---|---|---|"]
     for config, r in record.items():
         buckets = "; ".join(f"{b['strategy']} x{b['tensors']}: {b['ready_ms']:.1f} -> {b['end_ms']:.1f}"
                             for b in r["buckets"])
         end = max([b["end_ms"] for b in r["buckets"]] + [r["backward_ms"]])
+        checks = "; ".join(f"{1e3 * c['measured_seconds']:.1f} / {1e3 * c['predicted_seconds']:.1f}, "
+                           f"{c['overlap_slowdown']:.2f}x{', recalibrated' if c['recalibrated'] else ''}"
+                           f"{', changed' if c['changed'] else ''}" for c in r.get("checks", [])) or "—"
+        last = r.get("last_steps_ms")
         lines.append(f"| {config} | {r['backward_ms']:.1f} | {buckets} | {end:.1f} | {r['predicted_end_ms']:.1f} | "
-                     f"{r['step_ms']:.1f} |")
+                     f"{r['step_ms']:.1f} | {'—' if last is None else f'{last:.1f}'} | {checks} |")
     return "\n".join(lines)
 
 
@@ -124,7 +142,8 @@ def _launcher() -> None:
     with Cluster(hosts=FLAGS.workers, rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
         command = cluster.horovodrun_args(np=FLAGS.workers) + [
             sys.executable, "-m", "benchmarks.exchange_timeline", "--role=worker", f"--steps={FLAGS.steps}",
-            f"--replan_after={FLAGS.replan_after}", f"--batch_size={FLAGS.batch_size}"]
+            f"--replan_after={FLAGS.replan_after}", f"--batch_size={FLAGS.batch_size}",
+            f"--check_every={FLAGS.check_every}", f"--last_steps={FLAGS.last_steps}"]
         record = cluster.run_json(command, "--json_out", "the timeline job", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
                                   timeout=1800)
     out_dir = Path(FLAGS.out_dir)

@@ -24,7 +24,8 @@ default plan (the cost model chooses per bucket whether and how to compress) and
 for the CNN with DGC's momentum correction (the momentum 0.9 moves into the error feedback, the
 optimizer is plain SGD), for the ViT with Adam correction (each worker's Adam moments move into
 the exchange, which sends Adam's step direction with error feedback; the optimizer is plain SGD
-at Adam's rate). Rank 0 writes --json_out.
+at Adam's rate). The tfcomp configurations run `tfcomp.keras.Replan()` (--replan, the default) as
+examples/train_keras.py does. Rank 0 writes --json_out.
 """
 
 import json
@@ -53,6 +54,9 @@ flags.DEFINE_float("lr", None, "Learning rate; unset: the model's (MODEL_OPTIMIZ
 flags.DEFINE_integer("warmup_steps", 50, "Steps of linear learning-rate warm-up where the rate is scaled by the workers.")
 flags.DEFINE_integer("test_examples", 4000, "Test images evaluated (shared out among the workers).")
 flags.DEFINE_integer("threads", 1, "TensorFlow intra-op and inter-op threads per worker.")
+flags.DEFINE_boolean("replan", True, "tfcomp configurations: tfcomp.keras.Replan() among the callbacks (re-planned "
+                     "with the measured ready times after 30 steps, the prediction checked every 20 after), as "
+                     "examples/train_keras.py does.")
 flags.DEFINE_string("json_out", None, "Where rank 0 writes the run's record.")
 
 @tf.keras.utils.register_keras_serializable(package="tfcomp_benchmarks")  # Horovod rebuilds the optimizer from its config
@@ -142,16 +146,24 @@ def main(argv):
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     record = _TimeToAccuracy(x_test, y_test)
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), record]
+    replan = tfcomp.keras.Replan() if FLAGS.replan and isinstance(compression, tfcomp.Compressor) else None
+    if replan is not None:
+        callbacks.append(replan)
     model.fit(train.repeat(), epochs=FLAGS.steps // FLAGS.eval_every, steps_per_epoch=FLAGS.eval_every, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), record])
+              callbacks=callbacks)
 
     dense, sent = _bytes_per_step(optimizer, model, compression)
     try:
         exchange = tfcomp.exchange_of(optimizer)
         plan, calibration = exchange.describe(), exchange.calibration_seconds
         trial = None if exchange.trial is None else exchange.trial.read()
+        replanned = None if replan is None else {
+            "ready_times_cached": exchange.ready_times_cached, "changed": replan.replanned,
+            "checks": [{key: c[key] for key in ("predicted_seconds", "measured_seconds", "departure", "changed",
+                                                "overlap_slowdown", "recalibrated")} for c in replan.checks]}
     except TypeError:
-        plan, calibration, trial = "stock Horovod allreduce", 0.0, None
+        plan, calibration, trial, replanned = "stock Horovod allreduce", 0.0, None, None
     if hvd.rank() == 0:
         print(plan, flush=True)
         result = {"model": FLAGS.model, "config": FLAGS.config, "seed": FLAGS.seed, "workers": hvd.size(),
@@ -161,7 +173,7 @@ def main(argv):
                   "warmup_steps": FLAGS.warmup_steps if MODEL_OPTIMIZERS[FLAGS.model][2] else 0,
                   "timeline": record.timeline, "final_accuracy": record.timeline[-1][2],
                   "dense_bytes_per_step": dense, "sent_bytes_per_step": sent,
-                  "calibration_seconds": calibration, "plan": plan, "trial": trial}
+                  "calibration_seconds": calibration, "plan": plan, "trial": trial, "replan": replanned}
         if FLAGS.json_out:
             with open(FLAGS.json_out, "w") as f:
                 json.dump(result, f, indent=1)
