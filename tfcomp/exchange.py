@@ -38,8 +38,8 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph, wire_bytes
 
-__all__ = ["COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "GradientExchange", "TensorRecord", "check_predivide_factor", "check_tf2_mode",
-           "exchange_of"]
+__all__ = ["COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "GradientExchange", "TensorRecord", "check_predivide_factor",
+           "check_tf2_mode", "exchange_of"]
 
 COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 DEPARTURE_THRESHOLD = 0.25  # check_prediction re-plans where the measured exchange departs by more
@@ -321,12 +321,12 @@ class GradientExchange(tf.Module):
         entry = self._replannable()
         if entry is None:
             return None
-        runtime = entry.runtime
-        window = runtime.timeline.window
-        decided_at = runtime.trial.decision_step if runtime.trial is not None else 0
-        if int(runtime.timeline.steps.numpy()) < decided_at + window:
+        timeline, trial = entry.runtime.timeline, entry.runtime.trial
+        # The window's steps must all run what the check prices: after the trial's decision.
+        since = int(timeline.steps.numpy()) if trial is None else int(trial.step.numpy()) - trial.decision_step
+        if since < timeline.window:
             return None
-        ready, measured = self._latest_over_ranks(entry, runtime.timeline.read())
+        ready, measured = self._latest_over_ranks(entry, timeline.read())
         running = entry.plan.all_dense() if self._plan_dropped() else entry.plan
         running = replace(running, ready={p: ready[i] for i, (p, _, _) in enumerate(entry.tensors)})
         predicted = planning.predicted_exchange_time(running)
