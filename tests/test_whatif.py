@@ -115,6 +115,29 @@ def test_stock_horovod_overlaps_the_backward_pass_and_the_tfcomp_plan_does_not(r
     assert any("backprop order in proportion" in a for a in out["assumptions"])
 
 
+def test_overlap_slowdown_slows_what_overlaps_the_backward_pass(rng):
+    """Stock Horovod's allreduce overlaps a long backward pass; with transfers 2 to 4x slower beside
+    it, it ends later, while the one-bucket rows, which start after the pass, do not change."""
+    backward_ms, slowdown = float(rng.uniform(200, 400)), float(rng.uniform(2, 4))
+    common = ["--params", "8M", "--tensors", "8", "--workers", "2", "--bandwidth", "1Gbit/s", "--encode-ms", "5",
+              "--backward-ms", str(backward_ms), "--json"]
+    plain = json.loads(run(*common).stdout)
+    slowed = json.loads(run(*common, "--overlap-slowdown", str(slowdown)).stdout)
+    assert slowed["inputs"]["overlap_slowdown"] == slowdown
+    assert any("transfers during the backward pass" in a and f"{slowdown:g}x" in a for a in slowed["assumptions"])
+    assert slowed["horovod_total_s"] > plain["horovod_total_s"]
+    # One bucket after the backward pass does not overlap it: the same either way.
+    assert [r["total_s"] for r in slowed["strategies"]] == [r["total_s"] for r in plain["strategies"]]
+    # The replay itself: one tensor ready at 0, the backward pass's last tensor at `busy`.
+    net = cm.Network(0.0, 1e8)
+    cluster = cm.ClusterModel(2, net, net, cm.AffineCost(0.0, 0.0), overlap_slowdown=slowdown)
+    alone = cm.ring_allreduce(4e6, 2, net)  # 0.04 s on an idle device
+    busy = 0.5 * alone
+    finish = cm.horovod_dense_finish([10**6, 1], [0.0, busy], cluster, cycle_seconds=0.0)
+    first = busy + alone - busy / slowdown  # slowed until `busy`, then at full speed
+    assert finish == pytest.approx(first + cm.ring_allreduce(4, 2, net))
+
+
 def test_profile_ready_times_drive_the_horovod_replay(tmp_path, rng):
     """A profile's ready_ms (variable order) are the gradients' ready times: the last one ready
     bounds stock Horovod's step from below, whatever order they come in."""
@@ -238,6 +261,8 @@ def test_randomk_offers_its_allreduce_and_quantisers_their_allgather():
     (["--params", "100", "--device", "a100"], "--device must be one of h100 (the GPUs measured), got 'a100'"),
     (["--params", "100", "--device", "h100", "--compressor", "qsgd"], "no GPU figures for QSGD"),
     (["--params", "abc"], "--params must be a number of elements, e.g. 126000000, 1.2e8 or 25.6M; got 'abc'"),
+    (["--params", "100", "--encode-ms", "1", "--overlap-slowdown", "0.5"], "--overlap-slowdown must be a number from 1 to 20"),
+    (["--params", "100", "--encode-ms", "1", "--overlap-slowdown", "nan"], "--overlap-slowdown must be a number from 1 to 20"),
     (["--bandwidth", "1Gbps"], "one of the arguments --params --profile is required"),
     (["--profile", "/nonexistent/profile.json"], "--profile '/nonexistent/profile.json' is not a readable profile"),
 ])

@@ -250,12 +250,14 @@ def horovod_dense_finish(elements, ready_seconds, cluster: ClusterModel, *, elem
     and `ready_seconds` per gradient, in any order). Horovod's background loop wakes every
     `cycle_seconds`; each time the network is free it fuses the gradients ready by then, in the
     order they became ready, up to `fusion_bytes` (at least one), into one ring allreduce that also
-    pays `cluster.per_tensor` per gradient."""
+    pays `cluster.per_tensor` per gradient; until the last gradient is ready (the backward pass's
+    end) a transfer runs `cluster.overlap_slowdown` times slower."""
     if len(elements) != len(ready_seconds):
         raise ValueError(f"need one ready time per gradient, got {len(ready_seconds)} for {len(elements)} gradients")
     pairs = sorted(zip((float(t) for t in ready_seconds), (int(n) for n in elements)), key=lambda p: p[0])
     ready, elements = [t for t, _ in pairs], [n for _, n in pairs]
     k, free, i = cluster.workers, 0.0, 0
+    backward_end = ready[-1] if ready else 0.0
     while i < len(elements):
         aligned = math.ceil(ready[i] / cycle_seconds - 1e-9) * cycle_seconds if cycle_seconds > 0 else 0.0
         start = max(free, ready[i], aligned)
@@ -265,7 +267,8 @@ def horovod_dense_finish(elements, ready_seconds, cluster: ClusterModel, *, elem
             size += element_bytes * elements[i + fused]
             fused += 1
         bookkeeping = fused * cluster.per_tensor if k > 1 else 0.0
-        free = start + ring_allreduce(size, k, cluster.allreduce) + bookkeeping
+        free = transfer_end(start, ring_allreduce(size, k, cluster.allreduce) + bookkeeping, backward_end,
+                            cluster.overlap_slowdown)
         i += fused
     return max(free, ready[-1] if ready else 0.0)
 

@@ -20,7 +20,10 @@ few seconds; that CPU is not your cluster's GPU). Every figure the prediction as
 may carry the forward and backward times and each gradient's ready time, measured on a machine of
 yours (`save_profile(model, path, batch=(x, y), loss=...)`, by `measure_step_times`); without ready
 times the gradients are assumed ready in backprop order in proportion to their elements over
---backward-ms.
+--backward-ms. --overlap-slowdown says how many times slower a transfer runs while the backward
+pass computes beside it (1 by default; tfcomp fits it in training, and on this project's emulated
+hosts, which share two CPU cores, it came out 1.9 to 2.9); it slows stock Horovod's overlapped
+allreduce and the plan's dense buckets alike.
 
 --json prints {"inputs", "assumptions", "strategies": [{"name", "communication_s", "compression_s",
 "total_s", "runs_in_tfcomp"}], "horovod_total_s", "plan": {"buckets", "exchange_s", "total_s"},
@@ -85,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--backward-ms", type=float,
                         help="backward pass milliseconds per step, which stock Horovod's allreduce overlaps "
                              "(default: the profile's, else 0)")
+    parser.add_argument("--overlap-slowdown", type=float, default=1.0,
+                        help="how many times slower a transfer runs while the backward pass computes beside it "
+                             "(tfcomp fits it in training: exchange.plan.cluster.overlap_slowdown; default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="FILE.png", help="draw predicted step time against bandwidth")
     return parser
@@ -245,7 +251,8 @@ def _prediction(tensors: list, ready: list, compressor, cluster: cm.ClusterModel
 
 def _compression_cluster(args, network: cm.Network, compressor, sizes: list) -> tuple:
     """The cluster model and the sentence saying what its compression costs assume."""
-    cluster = cm.ClusterModel(args.workers, network, network, cm.AffineCost(0.0, 0.0))
+    cluster = cm.ClusterModel(args.workers, network, network, cm.AffineCost(0.0, 0.0),
+                              overlap_slowdown=args.overlap_slowdown)
     if cm.available_strategies(compressor) == ("dense",):
         return cluster, "compression: none (a dense compressor)"
     if args.measure_here:
@@ -356,6 +363,9 @@ def _run(argv) -> int:
         raise _UsageError(str(error)) from None
     if args.workers < 1:
         raise _UsageError(f"--workers must be an integer >= 1, got {args.workers}")
+    if not 1.0 <= args.overlap_slowdown <= cm.MAX_OVERLAP_SLOWDOWN:
+        raise _UsageError(f"--overlap-slowdown must be a number from 1 to {cm.MAX_OVERLAP_SLOWDOWN:g}, got "
+                          f"{args.overlap_slowdown!r}")
     if args.decode_ms and args.encode_ms is None:
         raise _UsageError("--decode-ms goes with --encode-ms")
     if args.tensors < 1 or (params is not None and args.tensors > params):
@@ -388,12 +398,14 @@ def _run(argv) -> int:
     assumptions.insert(0, compression)
     assumptions.append(f"stock Horovod fuses up to {cm.HOROVOD_FUSION_BYTES // 2**20} MiB every "
                        f"{1e3 * cm.HOROVOD_CYCLE_SECONDS:g} ms; the network is the asked one for every collective")
+    assumptions.append(f"transfers during the backward pass {args.overlap_slowdown:g}x slower than after it "
+                       "(--overlap-slowdown)")
     if args.json:
         inputs = {"elements": sum(n for _, n in tensors), "tensors": len(tensors), "workers": args.workers,
                   "latency_s": network.latency, "bandwidth_bytes_per_s": network.bandwidth,
                   "compressor": repr(compressor), "forward_s": forward, "backward_s": backward,
                   "encode_ms": args.encode_ms, "decode_ms": args.decode_ms, "measure_here": args.measure_here,
-                  "device": args.device}
+                  "device": args.device, "overlap_slowdown": args.overlap_slowdown}
         print(json.dumps({"inputs": inputs, "assumptions": assumptions, **result}))
     else:
         print(_text(args, named, compressor, assumptions, result, plan))
