@@ -1,9 +1,9 @@
 """Validation of the cost model: measured against predicted time per training step on emulated networks.
 
-It brings up an emulated cluster of 2 hosts (benchmarks/cluster.py: one network namespace per
-host, each with its own full-duplex link), and for each network setting shapes every link to that
+It brings up an emulated cluster of --hosts hosts (2 by default; benchmarks/cluster.py: one
+network namespace per host, each with its own full-duplex link), and for each network setting shapes every link to that
 rate (`tc ... tbf`; "unshaped" leaves them alone) and runs `benchmarks/network_worker.py` under
-`horovodrun -np 2 -H <hosts> --gloo --network-interface eth0`, one worker per host. The worker
+`horovodrun -np <hosts> -H <hosts> --gloo --network-interface eth0`, one worker per host. The worker
 calibrates tfcomp on that network, interleaves the configurations round by round, and reports
 measured and predicted times per step (see its docstring). Calibration is not cached across
 settings (TFCOMP_CALIBRATION_CACHE=none): each setting is a different network.
@@ -13,7 +13,7 @@ results recorded before then are of that set-up.)
 
 Needs root. Run from the repository root:
 
-  python -m benchmarks.network_validation [--settings=unshaped,500mbit,1gbit,2gbit,5gbit]
+  python -m benchmarks.network_validation [--hosts=2] [--settings=unshaped,500mbit,1gbit,2gbit,5gbit]
       [--rounds=11] [--steps=6] [--markdown_out=benchmarks/results/network_validation.md]
 """
 
@@ -34,6 +34,7 @@ __all__ = ["summarise"]
 FLAGS = flags.FLAGS
 flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"],
                   "Link rates of the hosts (e.g. 1gbit), or 'unshaped'.")
+flags.DEFINE_integer("hosts", 2, "Emulated hosts, one worker each.")
 flags.DEFINE_integer("rounds", 11, "Interleaved rounds per setting (the median is reported).")
 flags.DEFINE_integer("steps", 6, "Training steps per configuration per round.")
 flags.DEFINE_list("models", ["giant", "many_small"], "Models to train (see benchmarks/network_worker.py).")
@@ -111,6 +112,7 @@ def summarise(by_setting: dict) -> tuple:
         checks["prediction_error_max"] = max(errors)
     ratios = {"unshaped_many_small_plan_over_horovod": ("unshaped", "many_small", "plan", "horovod_dense"),
               "1gbit_giant_horovod_over_plan": ("1gbit", "giant", "horovod_dense", "plan"),
+              "1gbit_giant_plan_over_compute": ("1gbit", "giant", "plan", "compute"),
               "1gbit_many_small_per_tensor_over_plan": ("1gbit", "many_small", "per_tensor", "plan")}
     for name, (network, model, numerator, denominator) in ratios.items():
         results = by_setting.get(network, {}).get("results", [])
@@ -138,15 +140,15 @@ def main(argv):
     if reason:
         raise app.UsageError(reason)
     by_setting = {}
-    with Cluster(hosts=2) as cluster:
+    with Cluster(hosts=FLAGS.hosts) as cluster:
         for setting in FLAGS.settings:
             print(f"{setting} ...", flush=True)
             by_setting[setting] = run_setting(cluster, setting)
     text, _ = summarise(by_setting)
     header = (f"Network validation, {datetime.date.today()}, {platform.node()} ({os.cpu_count()} vCPUs), "
-              f"2 workers on 2 emulated hosts, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps (many_small: 3x the rounds, "
+              f"{FLAGS.hosts} workers on {FLAGS.hosts} emulated hosts, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps (many_small: 3x the rounds, "
               f"4x the steps), medians. Command: "
-              f"`python -m benchmarks.network_validation --settings={','.join(FLAGS.settings)} "
+              f"`python -m benchmarks.network_validation --hosts={FLAGS.hosts} --settings={','.join(FLAGS.settings)} "
               f"--models={','.join(FLAGS.models)} --rounds={FLAGS.rounds} --steps={FLAGS.steps}"
               f"{' --configs=' + ','.join(FLAGS.configs) if FLAGS.configs else ''}`\n\n")
     print(header + text)
