@@ -29,8 +29,9 @@ Learning rate: `--lr` is the rate for one worker's batch of `--batch_size`; the 
 lr * workers (linear scaling for the global batch of batch_size * workers).
 
 After 30 steps `tfcomp.keras.Replan` makes the exchange's plan again with when each gradient became
-ready in them (dense buckets that overlap the backward pass), and Keras traces the step again
-where the plan changed.
+ready in them (dense buckets that overlap the backward pass), then every 20 steps checks the
+exchange's measured end against the prediction and plans again where they part by more than 25 %;
+Keras traces the step again wherever the plan changed.
 
 Rank 0 prints the per-epoch metrics, with the compression figures of
 `tfcomp.keras.CompressionMonitor` (bytes sent per step against dense, exchange time, residual norm),

@@ -351,9 +351,10 @@ class GradientExchange(tf.Module):
         result.update(replanned=True, changed=self._plan_again(entry, ready), overlap_slowdown=cluster.overlap_slowdown)
         if self._collectives.rank == 0:
             logging.info("tfcomp: the exchange ended %.1f ms after the first gradient where %.1f ms were predicted "
-                         "(%+.0f %%); re-planned with transfers %.2fx slower beside the backward pass%s\n%s",
+                         "(%+.0f %%); re-planned with transfers %.2fx slower beside the backward pass%s: %s",
                          1e3 * measured, 1e3 * predicted, 100.0 * departure, cluster.overlap_slowdown,
-                         " and the cluster calibrated again" if result["recalibrated"] else "", self.plan.table())
+                         " and the cluster calibrated again" if result["recalibrated"] else "",
+                         "a new plan\n" + self.plan.table() if result["changed"] else "the plan stays")
         return result
 
     def _replannable(self):
