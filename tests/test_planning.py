@@ -283,6 +283,8 @@ def test_overlap_slowdown_prices_only_transfers_beside_the_backward_pass():
     compressed = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), cluster(gbps=0.1), ready_seconds=ready)
     assert compressed.compressed and not [b for b in compressed.buckets if b.strategy == "dense"]
     assert planning.predicted_exchange_time(slowed(compressed, 4.0)) == planning.predicted_exchange_time(compressed)
+    # No slowdown explains a late exchange that overlaps nothing: the fit leaves it at 1.
+    assert planning.fit_overlap_slowdown(compressed, 10.0 * planning.predicted_exchange_time(compressed)) == 1.0
     # A slowdown measured in training can make compression pay where overlap seemed to hide dense.
     model = cluster(gbps=5.0, c0=1e-3, c1=2e-9)
     ready = [0.0, 0.03, 0.06, 0.09]

@@ -373,8 +373,8 @@ def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float =
     """The `ClusterModel.overlap_slowdown` (in [1, cm.MAX_OVERLAP_SLOWDOWN]) with which
     `predicted_exchange_time(plan)` comes to `measured_seconds`, the exchange's end measured with
     `plan` run (its `ready` the measured ready times): 1 where the plan is predicted to end no
-    earlier than measured (or nothing of it overlaps the backward pass), the greatest where even that
-    does not explain the measurement. Bisection: the prediction grows with the slowdown."""
+    earlier than measured, or where no slowdown changes its prediction (nothing of it overlaps the
+    backward pass), the greatest where even that does not explain the measurement. Bisection: the prediction grows with the slowdown."""
     if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):
         raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
 
@@ -383,8 +383,8 @@ def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float =
         return predicted_exchange_time(dataclasses.replace(plan, cluster=cluster))
 
     low, high = 1.0, cm.MAX_OVERLAP_SLOWDOWN
-    if predicted(low) >= measured_seconds:
-        return low
+    if predicted(low) >= measured_seconds or predicted(high) == predicted(low):
+        return low  # no slowdown needed, or none would change the prediction (nothing overlaps)
     if predicted(high) <= measured_seconds:
         return high
     while high - low > tolerance:
