@@ -424,11 +424,17 @@ def cache_key(compressor, process_set, max_elements: int, tensor_elements=()) ->
     gradients' size) and `tensor_elements` (their tensors' sizes), the probe sizes they give: these
     follow the size from 2^18 to 2^23 elements, and the merge probe is the tensors' own list
     where `_merge_probe` takes it."""
-    layout = [hvd.size(), hvd.local_size(), hvd.cross_size(), process_set.size()]
     largest = _largest_compression_probe(max_elements)
     probes = (*_network_probe_elements(max_elements), largest, _merge_probe(largest, tensor_elements))
+    return _hashed_key(process_set, repr(cost_settings(compressor)), str(probes))
+
+
+def _hashed_key(process_set, *parts) -> str:
+    """A cache key of `parts` and what every cached figure depends on: the host, its CPU, the world
+    layout, TensorFlow's and tfcomp's versions."""
+    layout = [hvd.size(), hvd.local_size(), hvd.cross_size(), process_set.size()]
     parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count()), str(layout),
-             tf.__version__, _tfcomp_version(), repr(cost_settings(compressor)), str(probes)]
+             tf.__version__, _tfcomp_version(), *parts]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
@@ -564,10 +570,7 @@ def _rewrite_cache(path, section: str, key, value: dict) -> None:
 def _ready_key(process_set, tensor_elements) -> str:
     """What cached ready times depend on: the host, its CPU, the world layout, TensorFlow's and
     tfcomp's versions, and the gradients' exact sizes in backprop order (the model)."""
-    layout = [hvd.size(), hvd.local_size(), hvd.cross_size(), process_set.size()]
-    parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count()), str(layout),
-             tf.__version__, _tfcomp_version(), str([int(n) for n in tensor_elements])]
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+    return _hashed_key(process_set, str([int(n) for n in tensor_elements]))
 
 
 def _ready_entry_seconds(entry, count=None) -> list:

@@ -338,9 +338,8 @@ class GradientExchange(tf.Module):
         if abs(departure) <= threshold:
             return result
 
-        def fitted(cluster):
-            plan = replace(running, cluster=replace(cluster, overlap_slowdown=1.0))
-            slowdown = planning.fit_overlap_slowdown(plan, measured)
+        def fitted(cluster):  # the fit prices every slowdown it tries itself: the cluster's own is not used
+            slowdown = planning.fit_overlap_slowdown(replace(running, cluster=cluster), measured)
             return replace(cluster, overlap_slowdown=slowdown)
 
         cluster = fitted(running.cluster)
