@@ -220,10 +220,10 @@ def _raw_call(raw_ops, op: str, args: dict):
         real = {name: np.asarray(args[name], np.float32) for name in ("ratio", "threshold") if name in args}
     seed = {"seed": np.asarray(args["seed"], np.int64)} if "seed" in args else {}
     if op == "estimate_threshold":
-        return raw_ops.tfcomp_estimate_threshold(args["grad"], real["ratio"], seed["seed"], [],
+        return raw_ops.tfcomp_estimate_threshold([args["grad"]], real["ratio"], seed["seed"], [],
                                                  num_samples=args["num_samples"])
     if op == "dragonn_compress":
-        return raw_ops.tfcomp_dragonn_compress(args["grad"], real["threshold"], seed["seed"], [],
+        return raw_ops.tfcomp_dragonn_compress([args["grad"]], real["threshold"], seed["seed"], [],
                                                num_slots=args["num_slots"])[:2]
     if op == "dgc_compress":
         return raw_ops.tfcomp_dgc_compress(args["grad"], real["threshold"], max_out=args["max_out"])

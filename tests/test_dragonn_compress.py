@@ -203,7 +203,7 @@ def test_addend_gives_what_adding_first_gives(rng):
 @pytest.mark.parametrize(
     "grad_dtype, addend, message",
     [
-        (np.float32, np.zeros(99, np.float32), r"addend must have the shape of grad, \[100\], got \[99\]"),
+        (np.float32, np.zeros(99, np.float32), r"addend\[0\] must have the shape of grad\[0\], \[100\], got \[99\]"),
         (np.float16, np.zeros(100, np.float16), r"addend is supported for float32 only, got half grad"),
     ],
 )
@@ -213,9 +213,66 @@ def test_bad_addend_names_the_argument(rng, grad_dtype, addend, message):
         ops.dragonn_compress(g, 0.1, 10, 1, addend=addend)
 
 
-def test_more_than_one_addend_is_refused(rng):
+def test_addend_count_other_than_grads_is_refused(rng):
     from tfcomp.ops import load_library
 
     g = random_gradient(rng, (100,), np.float32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"addend must hold at most one tensor, got 2"):
-        load_library().tfcomp_dragonn_compress(g, 0.1, tf.constant(1, tf.int64), [g, g], num_slots=10)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                       match=r"addend must hold no tensor or one per grad tensor \(1\), got 2"):
+        load_library().tfcomp_dragonn_compress([g], 0.1, tf.constant(1, tf.int64), [g, g], num_slots=10)
+    with pytest.raises(ValueError, match=r"addend must hold one tensor per grad tensor \(2\), got 1"):
+        ops.dragonn_compress([g, g], 0.1, 10, 1, addend=[g])
+    with pytest.raises(TypeError, match=r"addend must be a list where grad is a list"):
+        ops.dragonn_compress([g, g], 0.1, 10, 1, addend=g)
+    with pytest.raises(ValueError, match=r"grad must hold at least one tensor, got an empty list"):
+        ops.dragonn_compress([], 0.1, 10, 1)
+
+
+def random_parts(rng, dtype, count):
+    """A gradient of `count` parts of random shapes (some empty, some tiny) and their concatenation."""
+    shapes = [tuple(int(d) for d in rng.integers(0, 40, size=rng.integers(0, 3))) if rng.random() < 0.3
+              else (int(rng.integers(1, 70_000)),) for _ in range(count)]
+    parts = [random_gradient(rng, shape, dtype) for shape in shapes]
+    return parts, np.concatenate([p.ravel() for p in parts])
+
+
+@pytest.mark.parametrize("dtype", ref.DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("count", [1, 2, 7])
+def test_parts_match_the_reference_of_their_concatenation(rng, dtype, count):
+    parts, joined = random_parts(rng, dtype, count)
+    threshold = quantile_threshold(joined, fraction=rng.uniform(0.001, 0.2)) if joined.size else 0.5
+    selected = int(ref.selected(joined, threshold).sum())
+    for num_slots in {1, max(1, selected // 2), 2 * selected + 5}:
+        seed = int(rng.integers(-(2**63), 2**63 - 1))
+        values, indices = ops.dragonn_compress(parts, threshold, num_slots, seed)
+        expected_values, expected_indices = ref.dragonn_compress(joined, threshold, num_slots, seed)
+        np.testing.assert_array_equal(indices.numpy(), expected_indices)
+        assert_same_bits(values.numpy(), expected_values)
+
+
+@pytest.mark.parametrize("count", [1, 3, 9])
+def test_parts_with_addends_sparsify_and_write_each_sum(rng, count):
+    parts, _ = random_parts(rng, np.float32, count)
+    pairs = [gradient_and_residual(rng, p.shape) for p in parts]
+    grads, residuals = [g for g, _ in pairs], [r for _, r in pairs]
+    totals = [ref.accumulate(g, r) for g, r in pairs]
+    joined = np.concatenate([t.ravel() for t in totals])
+    threshold = quantile_threshold(joined, fraction=rng.uniform(0.001, 0.2)) if joined.size else 0.5
+    seed = int(rng.integers(-(2**63), 2**63 - 1))
+    num_slots = max(1, int(ref.selected(joined, threshold).sum()))
+    values, indices, written = ops.dragonn_compress(grads, threshold, num_slots, seed, addend=residuals)
+    expected_values, expected_indices = ref.dragonn_compress(joined, threshold, num_slots, seed)
+    np.testing.assert_array_equal(indices.numpy(), expected_indices)
+    assert_same_bits(values.numpy(), expected_values)
+    assert len(written) == count
+    for sum_tensor, total in zip(written, totals):
+        assert sum_tensor.shape == total.shape
+        assert_same_bits(sum_tensor.numpy(), total)
+
+
+def test_bad_part_addend_names_its_position(rng):
+    g = [random_gradient(rng, (100,), np.float32), random_gradient(rng, (5, 4), np.float32)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"addend\[1\] must have the shape of grad\[1\], \[5,4\], got \[20\]"):
+        ops.dragonn_compress(g, 0.1, 10, 1, addend=[g[0], g[1].ravel()])
+
+

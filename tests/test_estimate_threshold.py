@@ -109,6 +109,28 @@ def test_graph_mode_names_the_bad_argument():
         tf.function(lambda g: ops.estimate_threshold(g, 0.1, 10, tf.constant([1, 2])))(tf.ones([4]))
 
 
+@pytest.mark.parametrize("dtype", ref.DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("num_samples", [1, 777, 65536, 1_000_000])
+def test_parts_sample_their_concatenation(rng, dtype, num_samples):
+    shapes = [(int(rng.integers(1, 50_000)),), (0,), (13, 17), (1,), (int(rng.integers(1, 90_000)),)]
+    parts = [random_gradient(rng, shape, dtype) for shape in shapes]
+    joined = np.concatenate([p.ravel() for p in parts])
+    ratio = float(np.float32(rng.uniform(0.0005, 0.5)))
+    seed = int(rng.integers(-(2**63), 2**63 - 1))
+    actual = ops.estimate_threshold(parts, ratio, num_samples, seed).numpy()
+    assert actual == ref.estimate_threshold(joined, ratio, num_samples, seed)
+    if dtype == np.float32:
+        residuals = [random_gradient(rng, shape, dtype) for shape in shapes]
+        with_addend = ops.estimate_threshold(parts, ratio, num_samples, seed, addend=residuals).numpy()
+        summed = np.concatenate([ref.accumulate(p, r).ravel() for p, r in zip(parts, residuals)])
+        assert with_addend == ref.estimate_threshold(summed, ratio, num_samples, seed)
+
+
+def test_parts_all_empty_are_refused(rng):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"grad must not be empty, got shapes \[0\], \[3,0\]"):
+        ops.estimate_threshold([np.zeros(0, np.float32), np.zeros((3, 0), np.float32)], 0.1, 10, 1)
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
@@ -125,5 +147,5 @@ def test_addend_samples_the_sum(rng, shape, num_samples):
 
 def test_bad_addend_names_the_argument(rng):
     g = random_gradient(rng, (100,), np.float32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"addend must have the shape of grad, \[100\], got \[10,10\]"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"addend\[0\] must have the shape of grad\[0\], \[100\], got \[10,10\]"):
         ops.estimate_threshold(g, 0.1, 50, 1, addend=g.reshape(10, 10))

@@ -357,12 +357,16 @@ class DRAGONN(_Sparsifier):
         return Encoded(self._compress(flat, None, seed, worker))
 
     def encode_sum(self, flat, residual, seed, worker):
+        """As `Compressor.encode_sum`; flat and residual may also be lists (float32 [n_i] each, one
+        residual per gradient): a bucket's tensors, read in place as their concatenation, and then
+        the sums come back as a list of the same shapes."""
         values, indices, accumulated = self._compress(flat, residual, seed, worker)
         return Encoded((values, indices)), accumulated
 
     def _compress(self, flat, residual, seed, worker):
-        """dragonn_compress's outputs for flat (+ residual, added in its pass, then also the sum)."""
-        size = int(flat.shape[0])
+        """dragonn_compress's outputs for flat (a tensor or the list of a bucket's parts; + residual,
+        added in its pass, then also the sum)."""
+        size = sum(int(f.shape[0]) for f in flat) if isinstance(flat, list) else int(flat.shape[0])
         num_slots = self.payload_length(size)
         if num_slots > _INT32_MAX:
             raise ValueError(f"slots_per_element={self.slots_per_element!r} with ratio={self.ratio!r} gives a tensor "

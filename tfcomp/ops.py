@@ -199,10 +199,23 @@ def _seed(value):
     return value
 
 
-def _addend(value) -> list:
-    """addend: [] for None, else [the tensor] (its dtype and shape are the kernel's to check: it names
-    them in its error)."""
-    return [] if value is None else [value]
+def _parts(grad, addend) -> tuple:
+    """(grad as a list of tensors, addend as a list: [] for None; whether grad was a list). A list
+    or tuple grad is the parts of one gradient, their concatenation, and its addend must be a list
+    of as many (dtypes and shapes are the kernel's to check: it names them in its error)."""
+    as_list = isinstance(grad, (list, tuple))
+    grads = list(grad) if as_list else [grad]
+    if not grads:
+        raise ValueError("grad must hold at least one tensor, got an empty list")
+    if addend is None:
+        return grads, [], as_list
+    if as_list != isinstance(addend, (list, tuple)):
+        raise TypeError(f"addend must be a list where grad is a list and a tensor where grad is a tensor, got "
+                        f"{type(addend).__name__} for a grad of type {type(grad).__name__}")
+    addends = list(addend) if as_list else [addend]
+    if len(addends) != len(grads):
+        raise ValueError(f"addend must hold one tensor per grad tensor ({len(grads)}), got {len(addends)}")
+    return grads, addends, as_list
 
 
 def _indices(value):
@@ -226,12 +239,16 @@ def estimate_threshold(grad, ratio, num_samples: int, seed, addend=None, name: s
     finite samples, k = max(1, round(ratio * number of samples)), rounding halves up.
 
     Args:
-      grad: non-empty tensor of any shape with < 2^31 elements; float32, float16 or bfloat16.
+      grad: tensor of any shape; float32, float16 or bfloat16. Or a list of such tensors of one
+        dtype, the parts of one gradient (a bucket), read in place as their flattened
+        concatenation, which is never built: the result is that of the concatenation. Not empty,
+        < 2^31 elements in all.
       ratio: float32 scalar in (0, 1].
       num_samples: Python int in [1, 2^63 - 1].
       seed: int64 scalar; the same seed gives the same sample positions.
-      addend: None, or a float32 tensor of grad's shape (grad then float32 too): the samples are
-        taken from grad + addend (each sum rounded once, as `tf.add` gives), never stored.
+      addend: None, or a float32 tensor of grad's shape (grad then float32 too), a list of one per
+        tensor of a list grad: the samples are taken from grad + addend (each sum rounded once, as
+        `tf.add` gives), never stored.
       name: optional op name.
 
     Returns:
@@ -242,8 +259,9 @@ def estimate_threshold(grad, ratio, num_samples: int, seed, addend=None, name: s
     """
     ratio, seed = _ratio(ratio), _seed(seed)
     num_samples = _check_int("num_samples", num_samples, 1, _INT64_MAX)
+    grads, addends, _ = _parts(grad, addend)
     return load_library().tfcomp_estimate_threshold(
-        grad, ratio, tf.cast(seed, tf.int64), _addend(addend), num_samples=num_samples, name=name
+        grads, ratio, tf.cast(seed, tf.int64), addends, num_samples=num_samples, name=name
     )
 
 
@@ -256,29 +274,35 @@ def dragonn_compress(grad, threshold, num_slots: int, seed, addend=None, name: s
     magnitudes: the largest index), so equal inputs and seed always give equal outputs.
 
     Args:
-      grad: tensor of any shape with < 2^31 elements; float32, float16 or bfloat16.
+      grad: tensor of any shape; float32, float16 or bfloat16. Or a list of such tensors of one
+        dtype, the parts of one gradient (a bucket), read in place as their flattened
+        concatenation, which is never built: indices are into it. < 2^31 elements in all.
       threshold: finite float32 scalar.
       num_slots: Python int in [1, 2^31 - 1], the payload length.
       seed: int64 scalar selecting the hash function.
-      addend: None, or a float32 tensor of grad's shape (grad then float32 too): the op then
-        sparsifies g = grad + addend (each sum rounded once, as `tf.add` gives), computed in the
-        pass that selects and returned (error feedback's gradient plus residual, read once).
+      addend: None, or a float32 tensor of grad's shape (grad then float32 too), a list of one per
+        tensor of a list grad: the op then sparsifies g = grad + addend (each sum rounded once, as
+        `tf.add` gives), computed in the pass that selects and returned (error feedback's gradient
+        plus residual, read once).
       name: optional op name.
 
     Returns:
       (values, indices): [num_slots] of grad's dtype and [num_slots] int32, g's values at the
       indices; empty slots hold index -1 and value 0. With an addend, (values, indices, g), g of
-      grad's shape.
+      grad's shape (for a list grad, a list: one tensor per part, of its shape).
 
     Raises:
       TypeError, ValueError: a Python-number argument of the wrong type or out of range.
     """
     threshold, seed = _threshold(threshold), _seed(seed)
     num_slots = _check_int("num_slots", num_slots, 1, MAX_LENGTH)
+    grads, addends, as_list = _parts(grad, addend)
     values, indices, sums = load_library().tfcomp_dragonn_compress(
-        grad, threshold, tf.cast(seed, tf.int64), _addend(addend), num_slots=num_slots, name=name
+        grads, threshold, tf.cast(seed, tf.int64), addends, num_slots=num_slots, name=name
     )
-    return (values, indices) if addend is None else (values, indices, sums[0])
+    if addend is None:
+        return values, indices
+    return values, indices, (list(sums) if as_list else sums[0])
 
 
 def dgc_compress(grad, threshold, max_out: int, name: str | None = None):

@@ -72,20 +72,21 @@ class _MemoryUpdate(NamedTuple):
 
 
 class _Unsummed(NamedTuple):
-    """A one-tensor bucket's gradient and its residual's value (float32 [n] each), kept apart for a
-    compressor that `fuses_residual`: its encode adds them in the pass that selects (the sum,
-    which becomes the new residual, written there), instead of a pass that adds them first and a
-    second that reads the sum."""
+    """A bucket's gradients and their residuals' values (float32 [n_i] each, one of each per tensor
+    of the bucket), kept apart for a compressor that `fuses_residual`: its kernels read the parts in
+    place as one bucket (no concatenated copy) and add each gradient and residual in the pass that
+    selects (the sums, which become the new residuals, written there), instead of an add pass, a
+    concatenation and a second pass that reads the sum."""
 
-    grad: tf.Tensor
-    residual: tf.Tensor
+    grads: list
+    residuals: list
 
     @property
     def shape(self):
-        return self.grad.shape
+        return tf.TensorShape([sum(int(g.shape[0]) for g in self.grads)])
 
     def total(self) -> tf.Tensor:
-        return self.grad + self.residual
+        return _concat([g + r for g, r in zip(self.grads, self.residuals)])
 
 
 class _Partitioned(NamedTuple):
@@ -124,7 +125,10 @@ def _concat(flats):
 
 
 def _split(flat, bucket, sizes):
-    """The bucket's flat tensor cut back into its tensors' flat parts, in bucket order."""
+    """The bucket's flat tensor cut back into its tensors' flat parts, in bucket order (a list of
+    them, as a fusing compressor's encode gives the sums, is already that)."""
+    if isinstance(flat, list):
+        return flat
     if len(bucket.positions) == 1:
         return [flat]
     return tf.split(flat, [sizes[i] for i in bucket.positions])
@@ -409,10 +413,13 @@ class StepGraph:
         `_Unsummed` gradient and residual where the compressor's kernels add them; their new
         optimizer moments, each concatenated, or None). Without `with_residual` the residuals
         (known to be zero) are not read."""
-        apart = (self.compressor.fuses_residual and len(bucket.positions) == 1
-                 and bucket.strategy not in ("artopk", "dense"))
+        apart = self.compressor.fuses_residual and bucket.strategy not in ("artopk", "dense")
         parts = [self._accumulate(grads[i], sources[i], apart, with_residual) for i in bucket.positions]
-        accumulated = _concat([acc for acc, _ in parts])
+        if all(isinstance(acc, _Unsummed) for acc, _ in parts):
+            accumulated = _Unsummed([g for acc, _ in parts for g in acc.grads],
+                                    [r for acc, _ in parts for r in acc.residuals])
+        else:
+            accumulated = _concat([acc for acc, _ in parts])
         moments = None if parts[0][1] is None else tuple(_concat(list(m)) for m in zip(*[m for _, m in parts]))
         return accumulated, moments
 
@@ -442,7 +449,7 @@ class StepGraph:
             direction = (m / (1.0 - tf.pow(beta_1, t))) / (tf.sqrt(v / (1.0 - tf.pow(beta_2, t))) + epsilon)
             return plus_residual(direction), (m, v)
         if compressor.momentum is None:
-            return (_Unsummed(flat, residual.value()) if apart and with_residual else plus_residual(flat)), None
+            return (_Unsummed([flat], [residual.value()]) if apart and with_residual else plus_residual(flat)), None
         momentum = compressor.momentum * memory.momentum(source, size) + flat
         return plus_residual(momentum), (momentum,)
 
@@ -516,7 +523,7 @@ class StepGraph:
                 payload = self._artopk_payload(acc, seed, worker, num_workers)
             else:
                 if isinstance(acc, _Unsummed):
-                    encoded, acc = compressor.encode_sum(acc.grad, acc.residual, seed, worker)
+                    encoded, acc = compressor.encode_sum(acc.grads, acc.residuals, seed, worker)
                 elif position in scales:
                     encoded = compressor.encode_scaled(acc, scales[position], seed, worker, num_workers)
                 else:

@@ -6,36 +6,42 @@
 #include "ops/cc/cuda/tfcomp_cuda.h"
 #include "ops/cc/lib/hashing.h"
 #include "ops/cc/lib/magnitude.h"
+#include "ops/cc/lib/parts.h"
 #include "ops/cc/lib/words.h"
 
 namespace tfcomp {
 namespace cuda {
 namespace {
 
-// slots: [num_slots], zeroed before the launch.
+// slots: [num_slots], zeroed before the first part's launch; grad: one part of the gradient, its
+// element i indexed i + index_offset.
 template <class Format>
-__global__ void HashIntoSlots(const typename Format::Bits* grad, int64_t size, const float* threshold,
-                              const int64_t* seed, uint32_t num_slots, unsigned long long* slots) {
+__global__ void HashIntoSlots(const typename Format::Bits* grad, int64_t size, int64_t index_offset,
+                              const float* threshold, const int64_t* seed, uint32_t num_slots,
+                              unsigned long long* slots) {
   using Bits = typename Format::Bits;
   const Bits threshold_key = ThresholdKey<Format>(*threshold);
   const SlotHash hash = SlotHash::FromSeed(static_cast<uint64_t>(*seed), num_slots);
   ForEachElement(grad, size, [&](int64_t i, Bits bits) {
     if (IsSelected<Format>(bits, threshold_key)) {
-      atomicMax(slots + hash(static_cast<uint32_t>(i)), static_cast<unsigned long long>(SlotWord<Format>(bits, i)));
+      const int64_t index = i + index_offset;
+      atomicMax(slots + hash(static_cast<uint32_t>(index)),
+                static_cast<unsigned long long>(SlotWord<Format>(bits, index)));
     }
   });
 }
 
 // HashIntoSlots over g = grad + addend (float32), which it writes to sum in the same pass.
 __global__ void HashSumIntoSlots(const uint32_t* grad, const uint32_t* addend, uint32_t* sum, int64_t size,
-                                 const float* threshold, const int64_t* seed, uint32_t num_slots,
-                                 unsigned long long* slots) {
+                                 int64_t index_offset, const float* threshold, const int64_t* seed,
+                                 uint32_t num_slots, unsigned long long* slots) {
   const uint32_t threshold_key = ThresholdKey<Float32Format>(*threshold);
   const SlotHash hash = SlotHash::FromSeed(static_cast<uint64_t>(*seed), num_slots);
   auto visit = [&](int64_t i, uint32_t bits) {
     if (IsSelected<Float32Format>(bits, threshold_key)) {
-      atomicMax(slots + hash(static_cast<uint32_t>(i)),
-                static_cast<unsigned long long>(SlotWord<Float32Format>(bits, i)));
+      const int64_t index = i + index_offset;
+      atomicMax(slots + hash(static_cast<uint32_t>(index)),
+                static_cast<unsigned long long>(SlotWord<Float32Format>(bits, index)));
     }
   };
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -73,37 +79,49 @@ __global__ void UnpackSlots(const unsigned long long* slots, int64_t num_slots, 
 }  // namespace
 
 template <class Format>
-cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
-                            const int64_t* seed, int64_t num_slots, typename Format::Bits* values, int32_t* indices,
-                            void* scratch, size_t* scratch_bytes, cudaStream_t stream,
-                            const typename Format::Bits* addend, typename Format::Bits* sum) {
-  if (size < 0 || size > kMaxElements || num_slots < 1 || num_slots > kMaxElements) return cudaErrorInvalidValue;
-  if (addend != nullptr && (sizeof(*addend) != sizeof(uint32_t) || sum == nullptr)) return cudaErrorInvalidValue;
+cudaError_t DragonnCompressParts(const GradientPart<typename Format::Bits>* parts, int count, int64_t size,
+                                 const float* threshold, const int64_t* seed, int64_t num_slots,
+                                 typename Format::Bits* values, int32_t* indices, void* scratch, size_t* scratch_bytes,
+                                 cudaStream_t stream) {
+  using Bits = typename Format::Bits;
+  if (size < 0 || size > kMaxElements || num_slots < 1 || num_slots > kMaxElements || count < 1) {
+    return cudaErrorInvalidValue;
+  }
+  for (int p = 0; p < count; ++p) {
+    if (parts[p].addend != nullptr && (sizeof(Bits) != sizeof(uint32_t) || parts[p].sum == nullptr)) {
+      return cudaErrorInvalidValue;
+    }
+  }
   ScratchCarver carver(scratch);
   unsigned long long* slots = carver.Take<unsigned long long>(num_slots);
   TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes);
 
   TFCOMP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(slots, 0, num_slots * sizeof(*slots), stream));
-  if constexpr (sizeof(typename Format::Bits) == sizeof(uint32_t)) {
-    if (addend != nullptr) {
-      HashSumIntoSlots<<<PassBlocks<uint32_t>(size), kThreads, 0, stream>>>(
-          grad, addend, sum, size, threshold, seed, static_cast<uint32_t>(num_slots), slots);
+  for (int p = 0; p < count; ++p) {
+    const GradientPart<Bits>& part = parts[p];
+    if (part.size == 0) continue;
+    if constexpr (sizeof(Bits) == sizeof(uint32_t)) {
+      if (part.addend != nullptr) {
+        HashSumIntoSlots<<<PassBlocks<uint32_t>(part.size), kThreads, 0, stream>>>(
+            part.grad, part.addend, part.sum, part.size, part.offset, threshold, seed,
+            static_cast<uint32_t>(num_slots), slots);
+      }
     }
+    if (part.addend == nullptr) {
+      HashIntoSlots<Format><<<PassBlocks<Bits>(part.size), kThreads, 0, stream>>>(
+          part.grad, part.size, part.offset, threshold, seed, static_cast<uint32_t>(num_slots), slots);
+    }
+    TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   }
-  if (addend == nullptr) {
-    HashIntoSlots<Format><<<PassBlocks<typename Format::Bits>(size), kThreads, 0, stream>>>(
-        grad, size, threshold, seed, static_cast<uint32_t>(num_slots), slots);
-  }
-  TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   UnpackSlots<Format><<<NumBlocks(num_slots, kThreads * 4), kThreads, 0, stream>>>(slots, num_slots, values, indices);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   return cudaSuccess;
 }
 
-#define TFCOMP_INSTANTIATE(Format)                                                                                  \
-  template cudaError_t DragonnCompress<Format>(const Format::Bits*, int64_t, const float*, const int64_t*, int64_t, \
-                                               Format::Bits*, int32_t*, void*, size_t*, cudaStream_t,           \
-                                               const Format::Bits*, Format::Bits*);
+#define TFCOMP_INSTANTIATE(Format)                                                                          \
+  template cudaError_t DragonnCompressParts<Format>(const GradientPart<Format::Bits>*, int, int64_t,        \
+                                                    const float*, const int64_t*, int64_t, Format::Bits*, \
+                                                    int32_t*, void*, size_t*, cudaStream_t);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 

@@ -63,28 +63,25 @@ Status LaunchWithScratch(OpKernelContext* context, const Launch& launch) {
 }  // namespace
 
 template <typename T>
-Status EstimateThresholdLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Tensor& grad,
-                                                           const Tensor* addend, int64_t n, int64_t k,
-                                                           const Tensor& seed, Tensor* threshold) const {
+Status EstimateThresholdLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Parts<T>& parts,
+                                                           int64_t total, int64_t n, int64_t k, const Tensor& seed,
+                                                           Tensor* threshold) const {
   return LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
-    return cuda::EstimateThreshold<typename FormatOf<T>::type>(
-        AsBits(grad.flat<T>().data()), grad.NumElements(), n, k, seed.scalar<int64_t>().data(),
-        threshold->scalar<float>().data(), scratch, bytes, stream,
-        addend == nullptr ? nullptr : AsBits(addend->flat<T>().data()));
+    return cuda::EstimateThresholdParts<typename FormatOf<T>::type>(
+        parts.data(), static_cast<int>(parts.size()), total, n, k, seed.scalar<int64_t>().data(),
+        threshold->scalar<float>().data(), scratch, bytes, stream);
   });
 }
 
 template <typename T>
-Status DragonnCompressLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Tensor& grad,
-                                                         const Tensor* addend, const Tensor& threshold,
-                                                         const Tensor& seed, Tensor* values, Tensor* indices,
-                                                         Tensor* sum) const {
+Status DragonnCompressLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Parts<T>& parts,
+                                                         int64_t total, const Tensor& threshold, const Tensor& seed,
+                                                         Tensor* values, Tensor* indices) const {
   return LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
-    return cuda::DragonnCompress<typename FormatOf<T>::type>(
-        AsBits(grad.flat<T>().data()), grad.NumElements(), threshold.scalar<float>().data(),
+    return cuda::DragonnCompressParts<typename FormatOf<T>::type>(
+        parts.data(), static_cast<int>(parts.size()), total, threshold.scalar<float>().data(),
         seed.scalar<int64_t>().data(), values->NumElements(), MutableBits<T>(values), indices->flat<int32_t>().data(),
-        scratch, bytes, stream, addend == nullptr ? nullptr : AsBits(addend->flat<T>().data()),
-        sum == nullptr ? nullptr : MutableBits<T>(sum));
+        scratch, bytes, stream);
   });
 }
 

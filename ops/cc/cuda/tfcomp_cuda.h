@@ -23,29 +23,54 @@
 #include <cstdint>
 
 #include "ops/cc/lib/magnitude.h"
+#include "ops/cc/lib/parts.h"
 
 namespace tfcomp {
 namespace cuda {
 
 // estimate_threshold: *threshold (float32, device) = the k-th largest finite |g| of the n samples
 // at SamplePosition(i, n, size, *seed) (every element when n == size), Format::kMaxFiniteKey's value
-// when no sample is finite. grad: [size], 1 <= n <= size, 1 <= k (k > n acts as k = n).
-// With an addend (not null: float32 only, [size]) the samples are of grad + addend.
+// when no sample is finite, of a gradient of `size` elements in `count` parts (`parts`: a host array
+// of device pointers; ops/cc/lib/parts.h), 1 <= n <= size, 1 <= k (k > n acts as k = n). Where a
+// part has an addend (float32 only) its samples are of grad + addend. One gather launch per part.
 template <class Format>
-cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, int64_t n, int64_t k,
-                              const int64_t* seed, float* threshold, void* scratch, size_t* scratch_bytes,
-                              cudaStream_t stream, const typename Format::Bits* addend = nullptr);
+cudaError_t EstimateThresholdParts(const GradientPart<typename Format::Bits>* parts, int count, int64_t size,
+                                   int64_t n, int64_t k, const int64_t* seed, float* threshold, void* scratch,
+                                   size_t* scratch_bytes, cudaStream_t stream);
+
+// EstimateThresholdParts of one tensor.
+template <class Format>
+inline cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, int64_t n, int64_t k,
+                                     const int64_t* seed, float* threshold, void* scratch, size_t* scratch_bytes,
+                                     cudaStream_t stream, const typename Format::Bits* addend = nullptr) {
+  const GradientPart<typename Format::Bits> part{grad, addend, nullptr, 0, size};
+  return EstimateThresholdParts<Format>(&part, 1, size, n, k, seed, threshold, scratch, scratch_bytes, stream);
+}
 
 // dragonn_compress: every element with |g| >= *threshold (NaN and Inf always) competes for slot
 // SlotHash::FromSeed(*seed, num_slots)(index) with an atomicMax of its SlotWord; then the slots are
-// unpacked. grad: [size]; values: [num_slots] Format::Bits; indices: [num_slots] int32 (-1: empty).
-// With an addend (not null: float32 only, [size]) the elements are g = grad + addend, written to
-// sum ([size]) in the same pass.
+// unpacked. The gradient: `size` elements in `count` parts (`parts`: a host array of device
+// pointers; ops/cc/lib/parts.h), indexed as their concatenation, one hashing launch per part;
+// values: [num_slots] Format::Bits; indices: [num_slots] int32 (-1: empty). Where a part has an
+// addend (float32 only) its elements are g = grad + addend, written to the part's sum in the same
+// pass.
 template <class Format>
-cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
-                            const int64_t* seed, int64_t num_slots, typename Format::Bits* values, int32_t* indices,
-                            void* scratch, size_t* scratch_bytes, cudaStream_t stream,
-                            const typename Format::Bits* addend = nullptr, typename Format::Bits* sum = nullptr);
+cudaError_t DragonnCompressParts(const GradientPart<typename Format::Bits>* parts, int count, int64_t size,
+                                 const float* threshold, const int64_t* seed, int64_t num_slots,
+                                 typename Format::Bits* values, int32_t* indices, void* scratch, size_t* scratch_bytes,
+                                 cudaStream_t stream);
+
+// DragonnCompressParts of one tensor.
+template <class Format>
+inline cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t size, const float* threshold,
+                                   const int64_t* seed, int64_t num_slots, typename Format::Bits* values,
+                                   int32_t* indices, void* scratch, size_t* scratch_bytes, cudaStream_t stream,
+                                   const typename Format::Bits* addend = nullptr,
+                                   typename Format::Bits* sum = nullptr) {
+  const GradientPart<typename Format::Bits> part{grad, addend, sum, 0, size};
+  return DragonnCompressParts<Format>(&part, 1, size, threshold, seed, num_slots, values, indices, scratch,
+                                      scratch_bytes, stream);
+}
 
 // dgc_compress: the first max_out elements with |g| >= *threshold in index order, padded with
 // index -1 and value 0: a mask and count per tile, a prefix sum over tiles (CUB), and a compaction

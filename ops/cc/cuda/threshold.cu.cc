@@ -4,10 +4,13 @@
 // keys that share the digits chosen so far, and a last one-warp kernel reads the key off the
 // histograms. Each round's block first re-derives the chosen digits from the earlier histograms, so
 // nothing waits for the host. Exact: the same key as the CPU's selection. See tfcomp_cuda.h.
+#include <algorithm>
+
 #include "ops/cc/cuda/device_util.cuh"
 #include "ops/cc/cuda/tfcomp_cuda.h"
 #include "ops/cc/lib/hashing.h"
 #include "ops/cc/lib/magnitude.h"
+#include "ops/cc/lib/parts.h"
 
 namespace tfcomp {
 namespace cuda {
@@ -92,12 +95,14 @@ __device__ __forceinline__ void PublishHistogram(const unsigned int* local, unsi
   }
 }
 
-// keys[i] = magnitude key of grad[SamplePosition(i, n, size, *seed)] (grad[i] when n == size; of
-// grad + addend there where addend is not null, float32 only), and hist[0] = the histogram of the
-// finite keys' first digits. hist: zeroed before the launch.
+// For the samples i in [first, last) whose position SamplePosition(i, n, size, *seed) (i when
+// n == size) falls in `part` of the gradient: keys[i] = the magnitude key of the element there (of
+// grad + addend where the part has an addend, float32 only), and hist[0] += the histogram of the
+// finite keys' first digits. Samples outside the part are another launch's. hist: zeroed before
+// the first part's launch.
 template <class Format>
-__global__ void GatherSampleKeys(const typename Format::Bits* grad, const typename Format::Bits* addend, int64_t size,
-                                 int64_t n, const int64_t* seed, typename Format::Bits* keys, unsigned int* hist) {
+__global__ void GatherSampleKeys(GradientPart<typename Format::Bits> part, int64_t size, int64_t n, int64_t first,
+                                 int64_t last, const int64_t* seed, typename Format::Bits* keys, unsigned int* hist) {
   using Bits = typename Format::Bits;
   __shared__ unsigned int local[kBins];
   for (int b = threadIdx.x; b < kBins; b += blockDim.x) local[b] = 0;
@@ -105,15 +110,15 @@ __global__ void GatherSampleKeys(const typename Format::Bits* grad, const typena
   const uint64_t sample_seed = static_cast<uint64_t>(*seed);
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   // Whole warps step together (CountDigit needs every lane).
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x / 32 * 32; base < n;
+  for (int64_t base = first + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x / 32 * 32; base < last;
        base += stride) {
     const int64_t i = base + threadIdx.x % 32;
     unsigned int digit = kNoDigit;
-    if (i < n) {
-      const int64_t position = n == size ? i : SamplePosition(i, n, size, sample_seed);
-      Bits bits = grad[position];
+    const int64_t position = i < last ? (n == size ? i : SamplePosition(i, n, size, sample_seed)) - part.offset : -1;
+    if (position >= 0 && position < part.size) {
+      Bits bits = part.grad[position];
       if constexpr (sizeof(Bits) == sizeof(uint32_t)) {
-        if (addend != nullptr) bits = SumBits(bits, addend[position]);
+        if (part.addend != nullptr) bits = SumBits(bits, part.addend[position]);
       }
       const Bits key = MagnitudeKey<Format>(bits);
       keys[i] = key;
@@ -168,22 +173,33 @@ __global__ void WriteThreshold(const unsigned int* hist, int64_t k, float* thres
 }  // namespace
 
 template <class Format>
-cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, int64_t n, int64_t k,
-                              const int64_t* seed, float* threshold, void* scratch, size_t* scratch_bytes,
-                              cudaStream_t stream, const typename Format::Bits* addend) {
+cudaError_t EstimateThresholdParts(const GradientPart<typename Format::Bits>* parts, int count, int64_t size,
+                                   int64_t n, int64_t k, const int64_t* seed, float* threshold, void* scratch,
+                                   size_t* scratch_bytes, cudaStream_t stream) {
   using Bits = typename Format::Bits;
   constexpr int kRounds = NumRounds<Bits>();
-  if (size < 1 || n < 1 || n > size || n > kMaxElements || k < 1) return cudaErrorInvalidValue;
-  if (addend != nullptr && sizeof(Bits) != sizeof(uint32_t)) return cudaErrorInvalidValue;
+  if (size < 1 || n < 1 || n > size || n > kMaxElements || k < 1 || count < 1) return cudaErrorInvalidValue;
+  for (int p = 0; p < count; ++p) {
+    if (parts[p].addend != nullptr && sizeof(Bits) != sizeof(uint32_t)) return cudaErrorInvalidValue;
+  }
   ScratchCarver carver(scratch);
   Bits* keys = carver.Take<Bits>(n);
   unsigned int* hist = carver.Take<unsigned int>(kRounds * kBins);
   TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes);
 
-  const unsigned int blocks = NumBlocks(n, kThreads * 2);  // latency-bound: many blocks
   TFCOMP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(hist, 0, kRounds * kBins * sizeof(*hist), stream));
-  GatherSampleKeys<Format><<<blocks, kThreads, 0, stream>>>(grad, addend, size, n, seed, keys, hist);
-  TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
+  for (int p = 0; p < count; ++p) {
+    const GradientPart<Bits>& part = parts[p];
+    if (part.size == 0) continue;
+    // The strata that can hold a position of the part (a stratum spans size / n positions): a few
+    // more than needed at each end, the kernel checks each position.
+    const int64_t first = std::max<int64_t>(0, part.offset * n / size - 1);
+    const int64_t last = std::min<int64_t>(n, (part.offset + part.size) * n / size + 2);
+    GatherSampleKeys<Format><<<NumBlocks(last - first, kThreads * 2), kThreads, 0, stream>>>(  // latency-bound
+        part, size, n, first, last, seed, keys, hist);
+    TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
+  }
+  const unsigned int blocks = NumBlocks(n, kThreads * 2);  // latency-bound: many blocks
   for (int round = 1; round < kRounds; ++round) {
     CountRound<Format><<<blocks, kThreads, 0, stream>>>(keys, n, k, round, hist);
     TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
@@ -193,9 +209,9 @@ cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t size, i
   return cudaSuccess;
 }
 
-#define TFCOMP_INSTANTIATE(Format)                                                                               \
-  template cudaError_t EstimateThreshold<Format>(const Format::Bits*, int64_t, int64_t, int64_t, const int64_t*, \
-                                                 float*, void*, size_t*, cudaStream_t, const Format::Bits*);
+#define TFCOMP_INSTANTIATE(Format)                                                                              \
+  template cudaError_t EstimateThresholdParts<Format>(const GradientPart<Format::Bits>*, int, int64_t, int64_t, \
+                                                      int64_t, const int64_t*, float*, void*, size_t*, cudaStream_t);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "ops/cc/lib/magnitude.h"
+#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/lib/core/errors.h"
@@ -49,21 +51,32 @@ inline ::tensorflow::Status CheckThreshold(const ::tensorflow::Tensor& threshold
   return ::tensorflow::OkStatus();
 }
 
-// The optional addend of an op: a list of at most one tensor (`count` of them), with the shape of
-// `like` (the op argument `like_name`), float32 only. `addend` is null when the list is empty.
-inline ::tensorflow::Status CheckAddend(int count, const ::tensorflow::Tensor* addend, const ::tensorflow::Tensor& like,
-                                        const char* like_name) {
-  if (count > 1) {
-    return ::tensorflow::errors::InvalidArgument("addend must hold at most one tensor, got ", count);
+// The gradient of estimate_threshold and dragonn_compress: a list of tensors (`grads`, the op
+// argument grad, read as their concatenation) of at most 2^31 - 1 elements in all, and the
+// optional `addends` (the op argument addend): none, or one per grad tensor of its shape, float32
+// only.
+inline ::tensorflow::Status CheckGradParts(const ::tensorflow::OpInputList& grads,
+                                           const ::tensorflow::OpInputList& addends) {
+  int64_t total = 0;
+  for (int i = 0; i < grads.size(); ++i) total += grads[i].NumElements();
+  if (total > kMaxIndexable) {
+    return ::tensorflow::errors::InvalidArgument("grad has ", total, " elements in ", grads.size(),
+                                                 " tensors; at most 2^31 - 1 are supported because indices are int32");
   }
-  if (addend == nullptr) return ::tensorflow::OkStatus();
-  if (addend->dtype() != ::tensorflow::DT_FLOAT || like.dtype() != ::tensorflow::DT_FLOAT) {
-    return ::tensorflow::errors::InvalidArgument("addend is supported for float32 only, got ",
-                                                 ::tensorflow::DataTypeString(like.dtype()), " ", like_name);
+  if (addends.size() != 0 && addends.size() != grads.size()) {
+    return ::tensorflow::errors::InvalidArgument("addend must hold no tensor or one per grad tensor (", grads.size(),
+                                                 "), got ", addends.size());
   }
-  if (addend->shape() != like.shape()) {
-    return ::tensorflow::errors::InvalidArgument("addend must have the shape of ", like_name, ", ",
-                                                 like.shape().DebugString(), ", got ", addend->shape().DebugString());
+  for (int i = 0; i < addends.size(); ++i) {
+    if (addends[i].dtype() != ::tensorflow::DT_FLOAT || grads[i].dtype() != ::tensorflow::DT_FLOAT) {
+      return ::tensorflow::errors::InvalidArgument("addend is supported for float32 only, got ",
+                                                   ::tensorflow::DataTypeString(grads[i].dtype()), " grad");
+    }
+    if (addends[i].shape() != grads[i].shape()) {
+      return ::tensorflow::errors::InvalidArgument("addend[", i, "] must have the shape of grad[", i, "], ",
+                                                   grads[i].shape().DebugString(), ", got ",
+                                                   addends[i].shape().DebugString());
+    }
   }
   return ::tensorflow::OkStatus();
 }
@@ -78,9 +91,9 @@ inline ::tensorflow::Status CheckIndexable(const ::tensorflow::Tensor& grad) {
   return ::tensorflow::OkStatus();
 }
 
-// estimate_threshold: grad non-empty and indexable, ratio a float32 scalar in (0, 1] (host memory
-// on every device; stored in *ratio), seed a scalar.
-inline ::tensorflow::Status CheckEstimateArgs(const ::tensorflow::Tensor& grad,
+// estimate_threshold: ratio a float32 scalar in (0, 1] (host memory on every device; stored in
+// *ratio), seed a scalar, the gradient (`grads`, CheckGradParts) not empty.
+inline ::tensorflow::Status CheckEstimateArgs(const ::tensorflow::OpInputList& grads,
                                               const ::tensorflow::Tensor& ratio_tensor,
                                               const ::tensorflow::Tensor& seed_tensor, float* ratio) {
   TF_RETURN_IF_ERROR(CheckScalar(ratio_tensor, "ratio"));
@@ -92,10 +105,13 @@ inline ::tensorflow::Status CheckEstimateArgs(const ::tensorflow::Tensor& grad,
   if (bits == 0 || bits > 0x3F800000u) {
     return ::tensorflow::errors::InvalidArgument("ratio must be in (0, 1], got ", *ratio);
   }
-  if (grad.NumElements() == 0) {
-    return ::tensorflow::errors::InvalidArgument("grad must not be empty, got shape ", grad.shape().DebugString());
+  std::string shapes;
+  for (int i = 0; i < grads.size(); ++i) {
+    if (grads[i].NumElements() > 0) return ::tensorflow::OkStatus();
+    shapes += (i == 0 ? "" : ", ") + grads[i].shape().DebugString();
   }
-  return CheckIndexable(grad);
+  return ::tensorflow::errors::InvalidArgument("grad must not be empty, got shape", grads.size() == 1 ? " " : "s ",
+                                               shapes);
 }
 
 // topk_compress: k must not exceed the number of elements of grad.

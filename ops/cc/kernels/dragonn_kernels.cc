@@ -7,6 +7,7 @@
 #include "ops/cc/kernels/kernel_util.h"
 #include "ops/cc/kernels/launchers.h"
 #include "ops/cc/lib/hashing.h"
+#include "ops/cc/lib/parts.h"
 #include "ops/cc/lib/sparsify.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -20,29 +21,34 @@ constexpr int64_t kHashBlock = 1 << 16;
 
 template <typename T>
 struct DragonnCompressLauncher<CpuDevice, T> {
-  Status operator()(OpKernelContext* context, const Tensor& grad, const Tensor* addend, const Tensor& threshold,
-                    const Tensor& seed, Tensor* values, Tensor* indices, Tensor* sum) const {
+  Status operator()(OpKernelContext* context, const Parts<T>& parts, int64_t total, const Tensor& threshold,
+                    const Tensor& seed, Tensor* values, Tensor* indices) const {
     using Format = typename FormatOf<T>::type;
-    const int64_t size = grad.NumElements();
     const int64_t num_slots = values->NumElements();
-    const BitsOf<T>* g = AsBits(grad.flat<T>().data());
     const BitsOf<T> threshold_key = ThresholdKey<Format>(threshold.scalar<float>()());
     const SlotHash hash =
         SlotHash::FromSeed(static_cast<uint64_t>(seed.scalar<int64_t>()()), static_cast<uint32_t>(num_slots));
 
-    // Phase 1, one pass over grad: every block lists the slot words of its selected elements (no
-    // shared writes, so nothing stalls the streaming read). Phase 2: each thread owns a range of
-    // slots and keeps the largest word hashed into each of its slots.
+    // Phase 1, one pass over the gradient's parts: every block of the parts' joint index space lists
+    // the slot words of its selected elements (no shared writes, so nothing stalls the streaming
+    // read). Phase 2: each thread owns a range of slots and keeps the largest word hashed into each
+    // of its slots.
     const std::vector<std::vector<uint64_t>> word_lists = CollectInBlocks<uint64_t>(
-        context, size, kHashBlock, [&](int64_t begin, int64_t end, std::vector<uint64_t>* words) {
-          if constexpr (std::is_same<T, float>::value) {  // CheckAddend: only float32 has one
-            if (addend != nullptr) {
-              DragonnCollectRangeSum(g, AsBits(addend->flat<float>().data()), MutableBits<float>(sum), begin, end,
-                                     threshold_key, words);
-              return;
+        context, total, kHashBlock, [&](int64_t begin, int64_t end, std::vector<uint64_t>* words) {
+          for (int p = PartAt(parts.data(), static_cast<int>(parts.size()), begin);
+               p < static_cast<int>(parts.size()) && parts[p].offset < end; ++p) {
+            const GradientPart<BitsOf<T>>& part = parts[p];
+            const int64_t first = std::max(begin, part.offset) - part.offset;
+            const int64_t last = std::min(end, part.offset + part.size) - part.offset;
+            if constexpr (std::is_same<T, float>::value) {  // CheckGradParts: only float32 has an addend
+              if (part.addend != nullptr) {
+                DragonnCollectRangeSum(part.grad, part.addend, part.sum, first, last, threshold_key, words,
+                                       part.offset);
+                continue;
+              }
             }
+            DragonnCollectRange<Format>(part.grad, first, last, threshold_key, words, part.offset);
           }
-          DragonnCollectRange<Format>(g, begin, end, threshold_key, words);
         });
     int64_t num_words = 0;
     for (const auto& words : word_lists) num_words += words.size();
@@ -73,9 +79,9 @@ struct DragonnCompressLauncher<CpuDevice, T> {
 
 namespace {
 
-// grad: any shape, T; threshold: float32 scalar; seed: int64 scalar; addend: zero or one tensor of
-// grad's shape (float32) -> values [num_slots] T, indices [num_slots] int32, sum: as many tensors as
-// addends, grad + addend.
+// grad: M >= 1 tensors of any shapes, T (the gradient is their concatenation); threshold: float32
+// scalar; seed: int64 scalar; addend: none, or one float32 tensor per grad tensor of its shape ->
+// values [num_slots] T, indices [num_slots] int32, sum: one tensor per addend, grad + addend.
 template <typename Device, typename T>
 class DragonnCompressOp : public ::tensorflow::OpKernel {
  public:
@@ -85,25 +91,21 @@ class DragonnCompressOp : public ::tensorflow::OpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& grad = context->input(0);
-    const Tensor& threshold = context->input(1);
-    const Tensor& seed = context->input(2);
-    OP_REQUIRES_OK(context, CheckThreshold(threshold, kScalarsOnHost<Device>));
-    OP_REQUIRES_OK(context, CheckScalar(seed, "seed"));
-    OP_REQUIRES_OK(context, CheckIndexable(grad));
-    const Tensor* addend = nullptr;
-    OP_REQUIRES_OK(context, OptionalAddend(context, grad, "grad", &addend));
+    const Tensor* threshold = nullptr;
+    const Tensor* seed = nullptr;
+    OP_REQUIRES_OK(context, context->input("threshold", &threshold));
+    OP_REQUIRES_OK(context, context->input("seed", &seed));
+    OP_REQUIRES_OK(context, CheckThreshold(*threshold, kScalarsOnHost<Device>));
+    OP_REQUIRES_OK(context, CheckScalar(*seed, "seed"));
+    Parts<T> parts;
+    int64_t total = 0;
+    OP_REQUIRES_OK(context, ReadGradientParts<T>(context, "sum", &parts, &total));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, {num_slots_}, &values));
-    OP_REQUIRES_OK(context, context->allocate_output(1, {num_slots_}, &indices));
-    Tensor* sum = nullptr;
-    if (addend != nullptr) {
-      ::tensorflow::OpOutputList sums;
-      OP_REQUIRES_OK(context, context->output_list("sum", &sums));
-      OP_REQUIRES_OK(context, sums.allocate(0, grad.shape(), &sum));
-    }
-    OP_REQUIRES_OK(context, DragonnCompressLauncher<Device, T>()(context, grad, addend, threshold, seed, values, indices, sum));
+    OP_REQUIRES_OK(context, context->allocate_output("values", {num_slots_}, &values));
+    OP_REQUIRES_OK(context, context->allocate_output("indices", {num_slots_}, &indices));
+    OP_REQUIRES_OK(context,
+                   DragonnCompressLauncher<Device, T>()(context, parts, total, *threshold, *seed, values, indices));
   }
 
  private:

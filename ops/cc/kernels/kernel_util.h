@@ -9,6 +9,7 @@
 
 #include "ops/cc/kernels/checks.h"
 #include "ops/cc/lib/magnitude.h"
+#include "ops/cc/lib/parts.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -70,14 +71,35 @@ std::vector<std::vector<Item>> CollectInBlocks(::tensorflow::OpKernelContext* co
   return lists;
 }
 
-// The op's optional `addend` input list (at most one tensor of `like`'s shape, float32; checked by
-// CheckAddend): *addend is null when the list is empty.
-inline ::tensorflow::Status OptionalAddend(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& like,
-                                           const char* like_name, const ::tensorflow::Tensor** addend) {
-  ::tensorflow::OpInputList list;
-  TF_RETURN_IF_ERROR(context->input_list("addend", &list));
-  *addend = list.size() == 1 ? &list[0] : nullptr;
-  return CheckAddend(list.size(), *addend, like, like_name);
+// The op's `grad` input list and its `addend` list as the parts of one gradient (the grad tensors'
+// concatenation; checked by CheckGradParts); with addends and a `sum_output` list name, that output
+// list allocated, one tensor per part of its grad's shape, as the parts' sums. *total: the gradient's
+// elements.
+template <typename T>
+::tensorflow::Status ReadGradientParts(::tensorflow::OpKernelContext* context, const char* sum_output,
+                                       std::vector<GradientPart<BitsOf<T>>>* parts, int64_t* total) {
+  ::tensorflow::OpInputList grads, addends;
+  TF_RETURN_IF_ERROR(context->input_list("grad", &grads));
+  TF_RETURN_IF_ERROR(context->input_list("addend", &addends));
+  TF_RETURN_IF_ERROR(CheckGradParts(grads, addends));
+  ::tensorflow::OpOutputList sums;
+  if (sum_output != nullptr) TF_RETURN_IF_ERROR(context->output_list(sum_output, &sums));
+  parts->clear();
+  *total = 0;
+  for (int i = 0; i < grads.size(); ++i) {
+    GradientPart<BitsOf<T>> part{AsBits(grads[i].flat<T>().data()), nullptr, nullptr, *total, grads[i].NumElements()};
+    if (addends.size() != 0) {
+      part.addend = AsBits(addends[i].flat<T>().data());
+      if (sum_output != nullptr) {
+        ::tensorflow::Tensor* sum = nullptr;
+        TF_RETURN_IF_ERROR(sums.allocate(i, grads[i].shape(), &sum));
+        part.sum = MutableBits<T>(sum);
+      }
+    }
+    parts->push_back(part);
+    *total += part.size;
+  }
+  return ::tensorflow::OkStatus();
 }
 
 // The number of threads ParallelForBlocks can use.

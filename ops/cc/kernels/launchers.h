@@ -18,6 +18,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/cc/kernels/kernel_util.h"
+#include "ops/cc/lib/parts.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/status.h"
@@ -32,15 +34,20 @@ struct GpuDevice {};
 template <typename Device>
 constexpr bool kScalarsOnHost = std::is_same<Device, CpuDevice>::value;
 
-// estimate_threshold: threshold (float32 scalar) = the k-th largest finite |g| of the n samples of grad
-// drawn with seed (int64 scalar); 1 <= n <= grad's elements, k >= 1. With an addend (not null: float32
-// of grad's shape), g is grad + addend, element by element, never stored.
+// The parts of one gradient (ops/cc/lib/parts.h) of the dtype T, as the kernels read them.
+template <typename T>
+using Parts = std::vector<GradientPart<BitsOf<T>>>;
+
+// estimate_threshold: threshold (float32 scalar) = the k-th largest finite |g| of the n samples of the
+// gradient given by `parts` (total elements), drawn with seed (int64 scalar); 1 <= n <= total, k >= 1.
+// Where a part has an addend, its g is grad + addend, element by element, never stored.
 template <typename Device, typename T>
 struct EstimateThresholdLauncher;
 
-// dragonn_compress: values, indices [num_slots] = DRAGONN's slots of the elements of grad with
-// |g| >= threshold (float32 scalar), hashed by seed (int64 scalar); with an addend (not null), of
-// g = grad + addend, written to *sum (float32 of grad's shape) in the same pass.
+// dragonn_compress: values, indices [num_slots] = DRAGONN's slots of the elements of the gradient
+// given by `parts` (total elements, indexed as their concatenation) with |g| >= threshold (float32
+// scalar), hashed by seed (int64 scalar); where a part has an addend, of g = grad + addend, written
+// to the part's sum in the same pass.
 template <typename Device, typename T>
 struct DragonnCompressLauncher;
 
@@ -83,17 +90,16 @@ struct HashPartitionLauncher;
 #if TFCOMP_CUDA
 template <typename T>
 struct EstimateThresholdLauncher<GpuDevice, T> {
-  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad,
-                                  const ::tensorflow::Tensor* addend, int64_t n, int64_t k,
-                                  const ::tensorflow::Tensor& seed, ::tensorflow::Tensor* threshold) const;
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const Parts<T>& parts, int64_t total,
+                                  int64_t n, int64_t k, const ::tensorflow::Tensor& seed,
+                                  ::tensorflow::Tensor* threshold) const;
 };
 
 template <typename T>
 struct DragonnCompressLauncher<GpuDevice, T> {
-  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& grad,
-                                  const ::tensorflow::Tensor* addend, const ::tensorflow::Tensor& threshold,
-                                  const ::tensorflow::Tensor& seed, ::tensorflow::Tensor* values,
-                                  ::tensorflow::Tensor* indices, ::tensorflow::Tensor* sum) const;
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const Parts<T>& parts, int64_t total,
+                                  const ::tensorflow::Tensor& threshold, const ::tensorflow::Tensor& seed,
+                                  ::tensorflow::Tensor* values, ::tensorflow::Tensor* indices) const;
 };
 
 template <typename T>

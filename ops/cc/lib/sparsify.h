@@ -143,21 +143,24 @@ inline typename Format::Bits KthLargestFiniteKey(typename Format::Bits* keys, in
 // ---------------------------------------------------------------------------------------------
 // dragonn_compress (004 Algorithm 1).
 
-// Appends the slot words of the selected elements of g[begin, end) to out, in index order.
+// Appends the slot words of the selected elements of g[begin, end) to out, in index order, each
+// element i indexed i + index_offset (g: one part of a gradient, at that offset).
 template <class Format>
 inline void DragonnCollectRange(const typename Format::Bits* g, int64_t begin, int64_t end,
-                                typename Format::Bits threshold_key, std::vector<uint64_t>* out) {
+                                typename Format::Bits threshold_key, std::vector<uint64_t>* out,
+                                int64_t index_offset = 0) {
   ForEachSelected<Format>(g, begin, end, threshold_key, [&](int64_t i) {
-    out->push_back(SlotWord<Format>(g[i], i));
+    out->push_back(SlotWord<Format>(g[i], i + index_offset));
     return true;
   });
 }
 
 // DragonnCollectRange over float32 g + r, which it writes to sum[begin, end) in the same pass.
 inline void DragonnCollectRangeSum(const uint32_t* g, const uint32_t* r, uint32_t* sum, int64_t begin, int64_t end,
-                                   uint32_t threshold_key, std::vector<uint64_t>* out) {
-  ForEachSelectedSum(g, r, sum, begin, end, threshold_key,
-                     [&](int64_t i, uint32_t bits) { out->push_back(SlotWord<Float32Format>(bits, i)); });
+                                   uint32_t threshold_key, std::vector<uint64_t>* out, int64_t index_offset = 0) {
+  ForEachSelectedSum(g, r, sum, begin, end, threshold_key, [&](int64_t i, uint32_t bits) {
+    out->push_back(SlotWord<Float32Format>(bits, i + index_offset));
+  });
 }
 
 // Hashes the collected words into the slots [slot_begin, slot_end) of `slots`, keeping the larger

@@ -31,20 +31,36 @@ Status PairOfVectors(InferenceContext* c, const char* length_attr) {
   return ::tensorflow::OkStatus();
 }
 
+// The grad list's length M (attribute "M"), checking that the addend list (attribute "N") holds no
+// tensor or one per grad tensor.
+Status GradListLength(InferenceContext* c, int64_t* m) {
+  int64_t n;
+  TF_RETURN_IF_ERROR(c->GetAttr("M", m));
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  if (n != 0 && n != *m) {
+    return ::tensorflow::errors::InvalidArgument("addend must hold no tensor or one per grad tensor (", *m, "), got ",
+                                                 n);
+  }
+  return ::tensorflow::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("Tfcomp>EstimateThreshold")
-    .Input("grad: T")
+    .Input("grad: M * T")
     .Input("ratio: float")
     .Input("seed: int64")
     .Input("addend: N * T")
     .Output("threshold: float")
     .Attr("T: {float, half, bfloat16}")
+    .Attr("M: int >= 1")
     .Attr("N: int >= 0 = 0")
     .Attr("num_samples: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(RequireRank(c, 1, "ratio", 0));
-      TF_RETURN_IF_ERROR(RequireRank(c, 2, "seed", 0));
+      int64_t m;
+      TF_RETURN_IF_ERROR(GradListLength(c, &m));
+      TF_RETURN_IF_ERROR(RequireRank(c, m, "ratio", 0));
+      TF_RETURN_IF_ERROR(RequireRank(c, m + 1, "seed", 0));
       c->set_output(0, c->Scalar());
       return ::tensorflow::OkStatus();
     })
@@ -56,16 +72,18 @@ equal stratum, positions from `seed`; every element when num_samples >= size) an
 k-th largest |g| among the finite samples, k = max(1, round(ratio * number of samples)).
 Non-finite samples are left out (the compressors always select NaN and Inf).
 
-grad: gradient of any non-empty shape, at most 2^31 - 1 elements.
+grad: one or more tensors of any shapes, read in place as one gradient, the concatenation of
+  their flattened elements (a MergeComp bucket, never concatenated): not empty, at most 2^31 - 1
+  elements in all. The result is the one-tensor result of that concatenation.
 ratio: float32 scalar in (0, 1] (in host memory on GPU).
 seed: int64 scalar; the same seed gives the same sample.
-addend: at most one tensor of grad's shape, float32 only: the samples are then taken from
-  grad + addend (each sum rounded once, as TensorFlow's add gives), which is never stored.
+addend: no tensor, or one per grad tensor of its shape, float32 only: the samples are then taken
+  from grad + addend (each sum rounded once, as TensorFlow's add gives), which is never stored.
 threshold: float32 scalar.
 )doc");
 
 REGISTER_OP("Tfcomp>DragonnCompress")
-    .Input("grad: T")
+    .Input("grad: M * T")
     .Input("threshold: float")
     .Input("seed: int64")
     .Input("addend: N * T")
@@ -73,12 +91,15 @@ REGISTER_OP("Tfcomp>DragonnCompress")
     .Output("indices: int32")
     .Output("sum: N * T")
     .Attr("T: {float, half, bfloat16}")
+    .Attr("M: int >= 1")
     .Attr("N: int >= 0 = 0")
     .Attr("num_slots: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(RequireRank(c, 1, "threshold", 0));
-      TF_RETURN_IF_ERROR(RequireRank(c, 2, "seed", 0));
-      for (int i = 0; i < c->num_outputs() - 2; ++i) c->set_output(2 + i, c->input(0));
+      int64_t m;
+      TF_RETURN_IF_ERROR(GradListLength(c, &m));
+      TF_RETURN_IF_ERROR(RequireRank(c, m, "threshold", 0));
+      TF_RETURN_IF_ERROR(RequireRank(c, m + 1, "seed", 0));
+      for (int i = 0; i < c->num_outputs() - 2; ++i) c->set_output(2 + i, c->input(i));
       return PairOfVectors(c, "num_slots");
     })
     .Doc(R"doc(
@@ -89,17 +110,19 @@ of num_slots slots, h drawn from a universal hash family by `seed`. On a collisi
 larger magnitude keeps the slot (NaN above Inf above finite; equal magnitudes: the larger index),
 so the output depends only on the inputs. Empty slots hold index -1 and value 0.
 
-grad: gradient of any shape, at most 2^31 - 1 elements.
+grad: one or more tensors of any shapes, read in place as one gradient, the concatenation of
+  their flattened elements (a MergeComp bucket, never concatenated), at most 2^31 - 1 elements in
+  all; flat indices are into that concatenation.
 threshold: float32 finite scalar (on GPU its value stays on the device and is not checked: NaN
   selects every element, +Inf only the non-finite ones).
 seed: int64 scalar selecting the hash function.
-addend: at most one tensor of grad's shape, float32 only: the op then sparsifies g = grad + addend
-  (each sum rounded once, as TensorFlow's add gives), computed in the same pass that selects
-  (error feedback's gradient plus residual, read once).
+addend: no tensor, or one per grad tensor of its shape, float32 only: the op then sparsifies
+  g = grad + addend (each sum rounded once, as TensorFlow's add gives), computed in the same pass
+  that selects (error feedback's gradient plus residual, read once).
 num_slots: at most 2^31 - 1.
 values: [num_slots], grad's dtype: g[indices], 0 where the index is -1.
-indices: [num_slots] int32 flat indices into grad, or -1.
-sum: with an addend, g (grad's shape); else empty.
+indices: [num_slots] int32 flat indices into the concatenated gradient, or -1.
+sum: with addends, g, one tensor per grad tensor of its shape; else empty.
 )doc");
 
 REGISTER_OP("Tfcomp>DgcCompress")
