@@ -1,13 +1,15 @@
 """Exchange-step benchmark: a whole compressed exchange step against its kernels and memory passes.
 
     python -m benchmarks.exchange_step_benchmark [--rows=512] [--cols=16384] [--workers=2]
-        [--compressors=dragonn_0.001,dgc_0.001] [--repeats=25] [--warmup=3] [--markdown_out=PATH]
+        [--compressors=dragonn_0.001,dgc_0.001] [--tensors=1] [--repeats=25] [--warmup=3] [--markdown_out=PATH]
 
 One process, one TensorFlow thread (intra- and inter-op), float32 gradient of [rows, cols] (default
 8.4 M elements), K = --workers simulated by `tfcomp.collectives.LocalCollectives` (the allgather
 returns this worker's payload K times, so nothing is sent and the figures are the exchange's own
-work). For each compressor configuration it times, each as one tf.function returning a scalar (so
-no result is copied out):
+work). With --tensors=N the gradient is N tensors (blocks of rows) in one bucket, as MergeComp makes
+them: DRAGONN's kernels then read the N tensors in place, the others encode a concatenated copy.
+For each compressor configuration it times, each as one tf.function returning a scalar (so no
+result is copied out):
 
   read       tf.reduce_max(g): one read pass over the gradient
   add        g + 1: one pass that reads it and writes a new tensor
@@ -18,7 +20,7 @@ no result is copied out):
              averaged, the finiteness check, the residual kept and its sent elements cleared
              (DRAGONN adds the residual inside its encode's pass: `Compressor.fuses_residual`)
   add-first  the same step with the residual added by a pass before the encode (as before the
-             fusion, and as the other compressors do)
+             fusion, and as the other compressors do; with --tensors > 1 the sums concatenated)
   step noEF  the same without error feedback
 
 interleaved round by round, in an order shuffled every round (medians over --repeats after
@@ -41,6 +43,7 @@ flags.DEFINE_integer("rows", 512, "Gradient rows.")
 flags.DEFINE_integer("cols", 16384, "Gradient columns.")
 flags.DEFINE_integer("workers", 2, "K, simulated (LocalCollectives).")
 flags.DEFINE_list("compressors", ["dragonn_0.001", "dgc_0.001"], "<dragonn|dgc>_<ratio> configurations.")
+flags.DEFINE_integer("tensors", 1, "The gradient as this many tensors (blocks of rows) in one bucket.")
 flags.DEFINE_integer("repeats", 25, "Measured rounds.")
 flags.DEFINE_integer("warmup", 3, "Discarded rounds.")
 flags.DEFINE_string("markdown_out", None, "Also write the table as Markdown here.")
@@ -71,21 +74,21 @@ def _compressor(config: str, error_feedback: bool, adding_first: bool = False):
     return compressor
 
 
-def _step_function(compressor, grad, workers: int):
-    """A tf.function running one exchange step of `grad` (one compressed allgather bucket)."""
+def _step_function(compressor, grads, workers: int):
+    """A tf.function running one exchange step of `grads` (one compressed allgather bucket)."""
     from tfcomp.collectives import LocalCollectives
     from tfcomp.cost_model import ClusterModel, StrategyTime
     from tfcomp.memory import ExchangeState
     from tfcomp.planning import Bucket, Plan
     from tfcomp.step import StepGraph
 
-    size = int(np.prod(grad.shape))
-    variable = tf.Variable(tf.zeros(grad.shape))
-    plan = Plan((Bucket((0,), size, "allgather", StrategyTime(0.0, 0.0), 0.0),), {0: "gradient"}, compressor,
-                ClusterModel.unpriced(workers))
+    size = sum(int(np.prod(g.shape)) for g in grads)
+    variables = [tf.Variable(tf.zeros(g.shape)) for g in grads]
+    plan = Plan((Bucket(tuple(range(len(grads))), size, "allgather", StrategyTime(0.0, 0.0), 0.0),),
+                {i: f"gradient_{i}" for i in range(len(grads))}, compressor, ClusterModel.unpriced(workers))
     step = StepGraph(compressor, ExchangeState(), LocalCollectives(workers))
-    runtime = step.create_state(plan, [grad], [variable])
-    return tf.function(lambda g: step(plan, [g], [variable], runtime)[0][0, 0], autograph=False)
+    runtime = step.create_state(plan, grads, variables)
+    return tf.function(lambda *g: tf.reshape(step(plan, list(g), variables, runtime)[0], [-1])[0], autograph=False)
 
 
 def _kernels_function(compressor, flat, workers: int):
@@ -102,16 +105,17 @@ def _kernels_function(compressor, flat, workers: int):
 
 def _measure(config: str, grad) -> dict:
     flat = tf.reshape(grad, [-1])
+    grads = tf.split(grad, FLAGS.tensors, axis=0)
     runs = {
         "read": tf.function(lambda: tf.reduce_max(flat), autograph=False),
         "add": tf.function(lambda: (flat + 1.0)[0], autograph=False),
         "kernels": _kernels_function(_compressor(config, True), flat, FLAGS.workers),
-        "step": _step_function(_compressor(config, True), grad, FLAGS.workers),
-        "step_adding_first": _step_function(_compressor(config, True, adding_first=True), grad, FLAGS.workers),
-        "step_no_ef": _step_function(_compressor(config, False), grad, FLAGS.workers),
+        "step": _step_function(_compressor(config, True), grads, FLAGS.workers),
+        "step_adding_first": _step_function(_compressor(config, True, adding_first=True), grads, FLAGS.workers),
+        "step_no_ef": _step_function(_compressor(config, False), grads, FLAGS.workers),
     }
     for name in ("step", "step_adding_first", "step_no_ef"):
-        runs[name] = functools.partial(runs[name], grad)
+        runs[name] = functools.partial(runs[name], *grads)
     return {"name": config, **shuffled_medians(runs, FLAGS.repeats, FLAGS.warmup)}
 
 
@@ -121,7 +125,10 @@ def main(argv):
     tf.config.threading.set_inter_op_parallelism_threads(1)
     grad = tf.constant(np.random.default_rng(0).standard_normal((FLAGS.rows, FLAGS.cols), dtype=np.float32))
     rows = [_measure(config, grad) for config in FLAGS.compressors]
-    header = (f"{machine_header()}; one inter-op thread; gradient {FLAGS.rows}x{FLAGS.cols} float32, "
+    if FLAGS.tensors < 1 or FLAGS.rows % FLAGS.tensors:
+        raise app.UsageError(f"--tensors must divide --rows ({FLAGS.rows}), got {FLAGS.tensors}")
+    header = (f"{machine_header()}; one inter-op thread; gradient {FLAGS.rows}x{FLAGS.cols} float32 "
+              f"in {FLAGS.tensors} tensor(s) of one bucket, "
               f"K = {FLAGS.workers} (LocalCollectives); median ms of {FLAGS.repeats} interleaved rounds")
     print(header)
     print(text_table(_COLUMNS, rows))

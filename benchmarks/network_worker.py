@@ -10,7 +10,8 @@ on a fixed batch of 32 per worker:
   many_small   40 Dense 128 -> 128 (tanh) layers and a Dense 128 -> 10: 0.66 M parameters in 82 tensors
 
 and these configurations, interleaved round by round (every round runs each configuration for
---steps steps, 4x as many for many_small; after one untimed round, the result is the median over
+--steps steps, 4x as many for many_small; after a warm-up that runs past tfcomp's trial of its plan and one
+untimed round, the result is the median over
 --rounds rounds, 3x as many for many_small, of the time per step; each round starts one
 configuration later than the one before):
 
@@ -111,6 +112,15 @@ class Trainer:
 
         self.step = step
 
+    def warm_up(self):
+        """Traces, calibrates and plans; then, where tfcomp tries its plan in training
+        (`tfcomp.trial`: some steps with the plan, some dense), runs on until the trial has decided,
+        so that the timed rounds measure the plan it keeps. Every rank decides at the same step."""
+        self.run(5)
+        trial = getattr(self.exchange, "trial", None)
+        while trial is not None and not trial.read()["decided"]:
+            self.run(1)
+
     def run(self, steps):
         for _ in range(steps):
             loss = self.step()
@@ -147,7 +157,7 @@ def main():
             if args.configs and config not in args.configs.split(","):
                 continue
             trainer = Trainer(model_name, wrap)
-            trainer.run(5)  # trace, calibrate and plan, warm up
+            trainer.warm_up()
             trainers[model_name, config] = trainer
     samples = {key: [] for key in trainers}
     steps = {key: args.steps * STEP_FACTOR[key[0]] for key in trainers}
