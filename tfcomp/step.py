@@ -425,7 +425,7 @@ class StepGraph:
 
     def _accumulate(self, grad, source, apart: bool = False, with_residual: bool = True):
         """(flat float32 gradient plus memory of one tensor, its new optimizer moments or None):
-        g + r (with `apart`, `_Unsummed(g, r)` for the compressor's kernels to add); under DGC
+        g + r (with `apart`, `_Unsummed([g], [r])` for the compressor's kernels to add); under DGC
         momentum correction r + u with u = mu u + g, moments (u,); under Adam correction r + d with
         d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g and v = b2 v + (1 - b2) g^2,
         bias-corrected for the step t = communicating steps so far + 1, moments (m, v). Without
