@@ -123,10 +123,10 @@ def main(argv):
     del argv
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    grad = tf.constant(np.random.default_rng(0).standard_normal((FLAGS.rows, FLAGS.cols), dtype=np.float32))
-    rows = [_measure(config, grad) for config in FLAGS.compressors]
     if FLAGS.tensors < 1 or FLAGS.rows % FLAGS.tensors:
         raise app.UsageError(f"--tensors must divide --rows ({FLAGS.rows}), got {FLAGS.tensors}")
+    grad = tf.constant(np.random.default_rng(0).standard_normal((FLAGS.rows, FLAGS.cols), dtype=np.float32))
+    rows = [_measure(config, grad) for config in FLAGS.compressors]
     header = (f"{machine_header()}; one inter-op thread; gradient {FLAGS.rows}x{FLAGS.cols} float32 "
               f"in {FLAGS.tensors} tensor(s) of one bucket, "
               f"K = {FLAGS.workers} (LocalCollectives); median ms of {FLAGS.repeats} interleaved rounds")

@@ -39,7 +39,13 @@ the final test accuracy and, when tfcomp ran the exchange, the table of `Gradien
 """
 
 import json
+import os
 import time
+
+# TensorFlow's BFC allocator for CPU tensors: its default passes every tensor to malloc, and glibc
+# maps each allocation over 32 MiB afresh, page-faulted on every step (README, "Training on CPUs").
+# Set before TensorFlow makes its first tensor.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import horovod.tensorflow.keras as hvd
 import numpy as np
