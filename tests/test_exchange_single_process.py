@@ -5,6 +5,8 @@ With one worker the reduced gradient of a compressed tensor is exactly what this
 feedback must conserve every element's mass: reduced + new residual == gradient + old residual.
 """
 
+import dataclasses
+import functools
 import math
 import sys
 
@@ -789,3 +791,62 @@ def test_fused_accumulation_equals_adding_first(rng):
             assert_same_bits(residual(exchanges[0], fused_var), residual(exchanges[1], added_var))
         assert np.any(residual(exchanges[0], variables[0][0]) != 0)
     assert _CountsFusedEncodes.fused_encodes > 0
+
+
+@pytest.mark.parametrize("setting, tensor_elements, bucket_elements, strategy, advised", [
+    (None, 9_000_000, 9_000_000, "allgather", True),  # one 34 MiB tensor
+    (None, 3_000_000, 9_000_000, "allgather", True),  # a 34 MiB compressed bucket of smaller tensors
+    (None, 3_000_000, 9_000_000, "dense", False),  # dense buckets come back tensor by tensor
+    (None, 8_388_608, 8_388_608, "allgather", False),  # exactly 32 MiB: within malloc's heap
+    ("true", 9_000_000, 9_000_000, "allgather", False),
+    ("1", 9_000_000, 9_000_000, "allgather", False),
+    ("false", 9_000_000, 9_000_000, "allgather", True),
+])
+def test_cpu_allocator_advice(monkeypatch, setting, tensor_elements, bucket_elements, strategy, advised):
+    """The exchange advises TensorFlow's BFC allocator where a CPU tensor or compressed bucket of the
+    plan exceeds 32 MiB and the default allocator (malloc) is in use."""
+    from types import SimpleNamespace
+
+    from tfcomp.exchange import _cpu_allocator_advice
+
+    if setting is None:
+        monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
+    else:
+        monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", setting)
+    plan = SimpleNamespace(buckets=(SimpleNamespace(elements=bucket_elements, strategy=strategy),))
+    tensors = [(i, f"tensor_{i}", tensor_elements) for i in range(bucket_elements // tensor_elements)]
+    advice = _cpu_allocator_advice(plan, tensors)
+    if advised:
+        assert "TF_CPU_ALLOCATOR_USE_BFC=true" in advice and f"{4 * bucket_elements / 2**20:.0f} MiB" in advice
+    else:
+        assert advice is None
+
+
+def test_a_second_calibration_is_spent_only_where_a_network_could_change_the_plan():
+    """check_prediction calibrates again only where the network that alone would explain the measured
+    exchange makes a different kind of plan: for an all-dense plan measured a little late (a loaded
+    CPU) it does not; measured 50x late (the network far slower than calibrated) it does; a plan
+    that compresses may always turn dense."""
+    from types import SimpleNamespace
+
+    from tfcomp import cost_model as cm
+    from tfcomp import planning
+    from tfcomp.exchange import GradientExchange
+
+    compressor = tfcomp.DRAGONN(0.01)
+    network = cm.Network(1e-4, 10e9 / 8)
+    cluster = cm.ClusterModel(4, network, network, cm.AffineCost(3e-4, 4e-9))
+    tensors = [(i, f"t{i}", 2**20) for i in reversed(range(4))]
+    ready = [0.0, 0.01, 0.02, 0.03]
+    dense = planning.make_plan(tensors, compressor, cluster, ready_seconds=ready)
+    assert not dense.compressed  # 10 Gbit/s: dense wins
+    predicted = planning.predicted_exchange_time(dense)
+    exchange, entry = SimpleNamespace(compressor=compressor), SimpleNamespace(tensors=tensors)
+    could_change = functools.partial(GradientExchange._network_could_change_the_plan, exchange, entry)
+    assert could_change(dense, ready, 1.3 * predicted) is False
+    assert could_change(dense, ready, 0.5 * predicted) is False
+    assert could_change(dense, ready, 50.0 * predicted) is True
+    slow = dataclasses.replace(cluster, allreduce=cm.Network(1e-4, 0.1e9 / 8), allgather=cm.Network(1e-4, 0.1e9 / 8))
+    compressing = planning.make_plan(tensors, compressor, slow, ready_seconds=ready)
+    assert compressing.compressed
+    assert could_change(compressing, ready, planning.predicted_exchange_time(compressing)) is True

@@ -283,6 +283,36 @@ def test_fitted_overlap_slowdown_reproduces_the_measured_exchange(rng):
             planning.fit_overlap_slowdown(plan, bad)
 
 
+def test_network_explaining_reproduces_the_measured_exchange_with_the_bandwidths_scaled(rng):
+    for _ in range(20):
+        sizes = [int(n) for n in rng.integers(2**14, 2**21, size=int(rng.integers(1, 9)))]
+        backward = float(rng.uniform(0.0, 0.2))
+        ready = sorted(float(t) for t in rng.uniform(0.0, backward, size=len(sizes)))
+        compressor = tfcomp.DRAGONN(0.01) if rng.random() < 0.5 else tfcomp.NoCompression()
+        model = cluster(workers=int(rng.integers(2, 9)), gbps=float(rng.uniform(0.5, 20)))
+        plan = planning.make_plan(backprop(sizes), compressor, model, ready_seconds=ready)
+        true_factor = float(np.exp(rng.uniform(-np.log(20), np.log(20))))
+        truth = dataclasses.replace(model, allreduce=cm.Network(model.allreduce.latency, model.allreduce.bandwidth * true_factor),
+                                    allgather=cm.Network(model.allgather.latency, model.allgather.bandwidth * true_factor))
+        measured = planning.predicted_exchange_time(dataclasses.replace(plan, cluster=truth))
+        network = planning.network_explaining(plan, measured)
+        assert planning.predicted_exchange_time(dataclasses.replace(plan, cluster=network)) == pytest.approx(measured, rel=1e-3)
+        factor = network.allreduce.bandwidth / model.allreduce.bandwidth
+        assert network.allgather.bandwidth / model.allgather.bandwidth == pytest.approx(factor)
+        assert (network.allreduce.latency, network.encode_decode, network.workers) == \
+            (model.allreduce.latency, model.encode_decode, model.workers)
+        # Slower than predicted: a slower network explains it; faster: a faster one.
+        assert (factor < 1.0) == (measured > planning.predicted_exchange_time(plan))
+        # Beyond what any factor in range explains: the nearest bound.
+        assert planning.network_explaining(plan, 1e6).allreduce.bandwidth == \
+            pytest.approx(model.allreduce.bandwidth / planning.NETWORK_SCALE_RANGE)
+        assert planning.network_explaining(plan, 0.0).allreduce.bandwidth == \
+            pytest.approx(model.allreduce.bandwidth * planning.NETWORK_SCALE_RANGE)
+    for bad in (math.nan, -0.1, math.inf):
+        with pytest.raises(ValueError, match="measured_seconds must be finite seconds >= 0"):
+            planning.network_explaining(plan, bad)
+
+
 def test_overlap_slowdown_prices_only_transfers_beside_the_backward_pass():
     sizes = [2**20] * 4
     ready = [0.0, 0.01, 0.02, 0.03]

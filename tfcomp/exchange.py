@@ -23,6 +23,7 @@ graph mode is refused at construction.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import horovod.tensorflow as hvd
@@ -63,6 +64,25 @@ def check_predivide_factor(factor) -> float:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < float(factor) < float("inf"):
         raise ValueError(f"gradient_predivide_factor must be a finite number > 0, got {factor!r}")
     return float(factor)
+
+
+_MALLOC_MAPPED_BYTES = 32 << 20  # glibc maps every allocation above this afresh (its largest mmap threshold)
+
+
+def _cpu_allocator_advice(plan, tensors) -> str | None:
+    """A line advising TensorFlow's BFC allocator where the gradients live in CPU memory, the default
+    allocator (malloc) is in use, and the plan's largest tensor or compressed bucket (whose sums and
+    decode are one tensor) exceeds 32 MiB as float32: glibc then maps it afresh, page-faulted on
+    every step. None where the advice does not apply."""
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true") or tf.config.list_logical_devices("GPU"):
+        return None
+    largest = max([elements for _, _, elements in tensors]
+                  + [bucket.elements for bucket in plan.buckets if bucket.strategy != "dense"], default=0)
+    if 4 * largest <= _MALLOC_MAPPED_BYTES:
+        return None
+    return (f"tfcomp: a gradient or bucket of {4 * largest / 2**20:.0f} MiB lives in CPU memory, where TensorFlow's "
+            "default allocator passes it to malloc, which maps it afresh and page-faults it on every step; set "
+            "TF_CPU_ALLOCATOR_USE_BFC=true before TensorFlow starts (README, \"Training on CPUs\")")
 
 
 @dataclass(frozen=True)
@@ -258,6 +278,8 @@ class GradientExchange(tf.Module):
             logging.info("tfcomp: calibrated in %.1f s%s\n%s", self.calibration_seconds,
                          "; the gradients' ready times from an earlier job" if self._planner.ready_cached else "",
                          plan.table())
+        if self._collectives.rank == 0 and (advice := _cpu_allocator_advice(plan, tensors)):
+            logging.warning("%s", advice)
         return entry
 
     def _install(self, cache_key, plan, tensors, signature, specs, keys) -> _PlanEntry:
@@ -307,7 +329,8 @@ class GradientExchange(tf.Module):
         slower transfers run beside the backward pass), and, where that does not bring the
         prediction within `threshold` (the network or the compression costs are off), with the
         cluster calibrated again (the networks measured, the compression costs from the cache; once a
-        job) and the slowdown fitted anew. Every rank decides from the same gathered figures; the new plan's
+        job, and for an all-dense plan only where a network that explains the measurement would make
+        a plan that compresses) and the slowdown fitted anew. Every rank decides from the same gathered figures; the new plan's
         digest is checked across ranks and, where it compresses, it is tried in training. Where the
         trial dropped the plan, the departure is reported and nothing is re-planned: the trial
         measured that compressing loses in this job, which outweighs the model (an unshaped CNN
@@ -348,7 +371,7 @@ class GradientExchange(tf.Module):
 
         cluster = fitted(running.cluster)
         unexplained = abs(measured / planning.predicted_exchange_time(replace(running, cluster=cluster)) - 1.0) > threshold
-        if unexplained and not self._recalibrated:
+        if unexplained and not self._recalibrated and self._network_could_change_the_plan(entry, running, ready, measured):
             # Once a job: where a new calibration did not explain it either, the departure comes from
             # what the model does not price (workers' compute beside the exchange), not a changed network.
             with tf.init_scope():
@@ -363,6 +386,20 @@ class GradientExchange(tf.Module):
                          " and the cluster calibrated again" if result["recalibrated"] else "",
                          "a new plan\n" + self.plan.table() if result["changed"] else "the plan stays")
         return result
+
+    def _network_could_change_the_plan(self, entry, running, ready: list, measured: float) -> bool:
+        """Whether calibrating the networks again could change the plan `running` (its `ready` the
+        measured ready times) whose exchange measured `measured` seconds: always where it compresses;
+        where it is all dense, only where the network that alone would explain the measurement
+        (`tfcomp.planning.network_explaining`) makes a plan that compresses. A calibration measures
+        the networks (the compression costs come from the cache), and an all-dense exchange measured
+        slower than predicted bounds how slow they can be; a faster one makes compressing pay even
+        less. (Where 4 workers share 2 cores, the all-dense exchange measured 16 to 46 % above its
+        prediction and a second calibration changed nothing but cost the job its time.)"""
+        if running.compressed:
+            return True
+        network = planning.network_explaining(running, measured)
+        return bool(planning.make_plan(entry.tensors, self.compressor, network, ready_seconds=ready).compressed)
 
     def _replannable(self):
         """The plan entry of the last list of gradients where the planner made it and may remake

@@ -33,7 +33,7 @@ import math
 from tfcomp import cost_model as cm
 
 __all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "digest", "fit_overlap_slowdown", "make_plan",
-           "per_tensor_plan", "predicted_exchange_time"]
+           "network_explaining", "per_tensor_plan", "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
@@ -394,6 +394,44 @@ def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float =
         else:
             high = middle
     return 0.5 * (low + high)
+
+
+_MAX_BANDWIDTH = cm.CLUSTER_LIMITS["allreduce.bandwidth"][1]
+NETWORK_SCALE_RANGE = 64.0  # `network_explaining` scales the bandwidths by at most this factor either way
+
+
+def network_explaining(plan: Plan, measured_seconds: float, tolerance: float = 1e-4) -> cm.ClusterModel:
+    """`plan.cluster` with both networks' bandwidths multiplied by the one factor (in
+    [1 / NETWORK_SCALE_RANGE, NETWORK_SCALE_RANGE]) with which `predicted_exchange_time(plan)` comes
+    to `measured_seconds`: the network that would explain the measured exchange if the network were
+    all that the model got wrong (the nearest bound where none in the range does; the cluster
+    unchanged where no bandwidth changes the prediction). Bisection on the factor's logarithm: the
+    prediction shrinks as the bandwidths grow."""
+    if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):
+        raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
+
+    def scaled(factor: float) -> cm.ClusterModel:
+        return dataclasses.replace(plan.cluster, **{
+            name: dataclasses.replace(network, bandwidth=min(network.bandwidth * factor, _MAX_BANDWIDTH))
+            for name, network in (("allreduce", plan.cluster.allreduce), ("allgather", plan.cluster.allgather))})
+
+    def predicted(log_factor: float) -> float:
+        return predicted_exchange_time(dataclasses.replace(plan, cluster=scaled(math.exp(log_factor))))
+
+    low, high = -math.log(NETWORK_SCALE_RANGE), math.log(NETWORK_SCALE_RANGE)
+    if predicted(low) == predicted(high):
+        return plan.cluster
+    if predicted(high) >= measured_seconds:
+        return scaled(math.exp(high))
+    if predicted(low) <= measured_seconds:
+        return scaled(math.exp(low))
+    while high - low > tolerance:
+        middle = 0.5 * (low + high)
+        if predicted(middle) > measured_seconds:
+            low = middle
+        else:
+            high = middle
+    return scaled(math.exp(0.5 * (low + high)))
 
 
 def all_dense_time(plan: Plan) -> float:
