@@ -184,7 +184,8 @@ def main():
     predict(results, trainers)
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
-            json.dump({"workers": hvd.size(), "results": results}, f, indent=1)
+            json.dump({"workers": hvd.size(), "cpu_allocator": tfcomp.calibration.cpu_allocator(), "results": results}, f,
+                      indent=1)
 
 
 def predict(results, trainers):

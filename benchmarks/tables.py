@@ -10,13 +10,15 @@ import datetime
 import os
 import platform
 
-__all__ = ["cpu_allocator", "machine_header", "markdown_table", "text_table"]
+__all__ = ["machine_header", "markdown_table", "text_table"]
 
 
 def machine_header() -> str:
     """CPU model, usable CPUs, TensorFlow's version, intra-op threads and CPU allocator, and
     today's date, for the line above a table of timings (imports TensorFlow)."""
     import tensorflow as tf
+
+    from tfcomp.calibration import cpu_allocator
 
     cpu = platform.processor()
     try:
@@ -31,12 +33,6 @@ def machine_header() -> str:
         f"CPU: {cpu or 'unknown'}, nproc {cpus}; TensorFlow {tf.__version__}; "
         f"intra-op threads {threads_text}; CPU allocator {cpu_allocator()}; {datetime.date.today().isoformat()}"
     )
-
-
-def cpu_allocator() -> str:
-    """"BFC" or "malloc": the CPU allocator TensorFlow uses in this process, as
-    `TF_CPU_ALLOCATOR_USE_BFC` says (read when TensorFlow makes its first CPU tensor)."""
-    return "BFC" if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true") else "malloc"
 
 
 def _align(text: str, width: int, left: bool) -> str:

@@ -167,6 +167,7 @@ def main(argv):
     if hvd.rank() == 0:
         print(plan, flush=True)
         result = {"model": FLAGS.model, "config": FLAGS.config, "seed": FLAGS.seed, "workers": hvd.size(),
+                  "cpu_allocator": tfcomp.calibration.cpu_allocator(),
                   "parameters": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
                   "steps": FLAGS.steps, "batch_size": FLAGS.batch_size,
                   "optimizer": optimizer.get_config()["name"], "lr": float(optimizer.learning_rate),

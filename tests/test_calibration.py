@@ -297,6 +297,14 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
     own = [16384, 128] * 41
     assert calibration.cache_key(tfcomp.DRAGONN(0.01), ps, sum(own), own) != key(sum(own))
     assert calibration.cache_key(tfcomp.DRAGONN(0.01), ps, 2**23, [2**21] * 4) == key(2**23)
+    # The CPU allocator: malloc page-faults large tensors on every step, BFC does not.
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    with_bfc = key(2**20)
+    assert calibration.cpu_allocator() == "BFC"
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "false")
+    assert calibration.cpu_allocator() == "malloc" and key(2**20) != with_bfc
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC")
+    assert calibration.cpu_allocator() == "malloc" and key(2**20) != with_bfc
     monkeypatch.setenv(calibration.CACHE_ENV, "none")
     assert calibration._cache_path() is None
     monkeypatch.setenv(calibration.CACHE_ENV, path)

@@ -69,7 +69,7 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planning import Bucket, Plan, all_dense_time, make_plan, predicted_exchange_time
 from tfcomp.step import StepGraph
 
-__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "cost_settings",
+__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "cost_settings", "cpu_allocator",
            "measure_compression", "store_ready_times"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
@@ -429,12 +429,20 @@ def cache_key(compressor, process_set, max_elements: int, tensor_elements=()) ->
     return _hashed_key(process_set, repr(cost_settings(compressor)), str(probes))
 
 
+def cpu_allocator() -> str:
+    """"BFC" or "malloc": the allocator TensorFlow gives CPU tensors in this process, as
+    `TF_CPU_ALLOCATOR_USE_BFC` says (TensorFlow reads it when it makes its first CPU tensor).
+    Compression costs depend on it: with malloc, glibc maps every allocation over 32 MiB afresh
+    and page-faults it on every step (README, "Training on CPUs")."""
+    return "BFC" if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").strip().lower() in ("1", "true") else "malloc"
+
+
 def _hashed_key(process_set, *parts) -> str:
     """A cache key of `parts` and what every cached figure depends on: the host, its CPU, the world
-    layout, TensorFlow's and tfcomp's versions."""
+    layout, TensorFlow's and tfcomp's versions, the CPU allocator."""
     layout = [hvd.size(), hvd.local_size(), hvd.cross_size(), process_set.size()]
     parts = [platform.node(), platform.machine(), platform.processor(), str(os.cpu_count()), str(layout),
-             tf.__version__, _tfcomp_version(), *parts]
+             tf.__version__, _tfcomp_version(), cpu_allocator(), *parts]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 

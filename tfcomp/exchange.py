@@ -23,7 +23,6 @@ graph mode is refused at construction.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import horovod.tensorflow as hvd
@@ -31,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp import planning
+from tfcomp import calibration, planning
 from tfcomp.collectives import HorovodCollectives
 from tfcomp.compressors import FP16, Compressor
 from tfcomp.counters import ExchangeCounters
@@ -74,7 +73,7 @@ def _cpu_allocator_advice(plan, tensors) -> str | None:
     allocator (malloc) is in use, and the plan's largest tensor or compressed bucket (whose sums and
     decode are one tensor) exceeds 32 MiB as float32: glibc then maps it afresh, page-faulted on
     every step. None where the advice does not apply."""
-    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true") or tf.config.list_logical_devices("GPU"):
+    if calibration.cpu_allocator() == "BFC" or tf.config.list_logical_devices("GPU"):
         return None
     largest = max([elements for _, _, elements in tensors]
                   + [bucket.elements for bucket in plan.buckets if bucket.strategy != "dense"], default=0)
