@@ -99,6 +99,7 @@ class Trainer:
         self.optimizer = inner if wrap in (None, SYNCED) else wrap(inner)
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
+        @tf.function
         def step():
             with tf.GradientTape() as tape:
                 loss = loss_fn(self.y, self.model(self.x))
@@ -109,22 +110,16 @@ class Trainer:
                     return hvd_tf.allreduce(tf.reshape(loss, [1]), op=hvd_tf.Sum, name="compute_synced")[0]
             return loss
 
-        self._step_function = step
-        self.step = tf.function(step)
+        self.step = step
 
     def warm_up(self):
         """Traces, calibrates and plans; then, where tfcomp tries its plan in training
         (`tfcomp.trial`: some steps with the plan, some dense), runs on until the trial has decided,
-        and traces the step again with what it decided (`GradientExchange.settle_trial`), so that
-        the timed rounds measure the plan it keeps as it runs from then on. Every rank decides at
-        the same step."""
+        so that the timed rounds measure the plan it keeps. Every rank decides at the same step."""
         self.run(5)
         trial = getattr(self.exchange, "trial", None)
         while trial is not None and not trial.read()["decided"]:
             self.run(1)
-        if trial is not None and self.exchange.settle_trial():
-            self.step = tf.function(self._step_function)
-            self.run(2)
 
     def run(self, steps):
         for _ in range(steps):

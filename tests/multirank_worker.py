@@ -578,35 +578,6 @@ def check_replan(report):
     report["spread/Replan callback"] = weights_spread(model)
 
 
-def check_settled_trial(report):
-    """A plan's trial decided (1 step per arm, kept or dropped as this machine's timings say),
-    `settle_trial` runs its verdict without the trial alike on every rank, and training goes on
-    with it; before the decision and after settling there is nothing to settle."""
-    model = make_model()
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05, trial_steps=1))
-    model.compile(opt, loss="mse")
-    x, y = local_data(64)
-    exchange = tfcomp.exchange_of(opt)
-    # A 1 kB/s network and free compression: the plan compresses, so it is tried (not calibrated).
-    slow = tfcomp.cost_model.Network(1e-4, 1e3)
-    exchange._planner.cluster = tfcomp.cost_model.ClusterModel(hvd.size(), slow, slow, tfcomp.cost_model.AffineCost(0.0, 0.0))
-    model.fit(x[:16], y[:16], batch_size=16, epochs=1, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    report["settle/before_decision"] = exchange.settle_trial()
-    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)  # the decision comes at the 5th step
-    tried = exchange.trial
-    report["settle/tried"] = tried is not None
-    report["settle/settled"] = exchange.settle_trial()
-    report["settle/again"] = exchange.settle_trial()
-    report["settle/trial_kept"] = exchange.trial is tried
-    report["settle/kept_plan"] = tried is not None and tried.read()["compressed"]
-    report["settle/plan_compresses"] = bool(exchange.plan.compressed)
-    report["settle/digest"] = str(exchange.plan.digest())
-    model.make_train_function(force=True)
-    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
-    report["spread/settled trial"] = weights_spread(model)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -614,7 +585,7 @@ def main():
     hvd.init()
     report = {"size": hvd.size(), "rank": hvd.rank()}
     for check in (check_exchange_semantics, check_training, check_trial, check_embedding, check_checkpoint,
-                  check_loss_scale_skip, check_planning, check_partitioned, check_replan, check_settled_trial):
+                  check_loss_scale_skip, check_planning, check_partitioned, check_replan):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

@@ -281,39 +281,16 @@ class GradientExchange(tf.Module):
             logging.warning("%s", advice)
         return entry
 
-    def _install(self, cache_key, plan, tensors, signature, specs, keys, tried: bool = True) -> _PlanEntry:
+    def _install(self, cache_key, plan, tensors, signature, specs, keys) -> _PlanEntry:
         """Makes `plan` the one run for `cache_key`'s gradients: its memory and runtime created
-        (eagerly), a trial where it compresses, the planner made it and `tried`."""
+        (eagerly), a trial where it compresses and the planner made it."""
         with tf.init_scope():
-            trial_steps = self.compressor.tried_steps if (
-                tried and self._fixed_plan is None and self._collectives.size > 1) else 0
+            trial_steps = self.compressor.tried_steps if self._fixed_plan is None and self._collectives.size > 1 else 0
             runtime = self._step_graph.create_state(plan, specs, keys, trial_steps)
         self._plans[cache_key] = entry = _PlanEntry(plan, tensors, signature, specs, keys, runtime)
         self._last_key = cache_key
         self.plan, self.trial, self.timeline = plan, runtime.trial, runtime.timeline
         return entry
-
-    def settle_trial(self) -> bool:
-        """Once the last plan's trial has decided, runs what it decided without the trial: the
-        plan where it was kept, every bucket dense where it was dropped, as a plan of its own with
-        no `tf.cond` between the two around the exchange. A cond's branch starts only once all its
-        inputs are ready, so under a decided trial the dense buckets no longer overlapped the
-        backward pass: after a dropped trial an unshaped CNN run's steps took 12 % longer than plain
-        Horovod's. `trial` keeps the decided trial (its verdict, for `describe` and the checks).
-
-        Call it eagerly, on every rank at the same step (`tfcomp.keras.Replan` does, after every
-        step until it has settled one); a custom loop calls it every step or so. Returns whether the
-        step must be traced again to run the settled plan (Keras: `model.make_train_function(
-        force=True)`, which the callback does; a custom loop: a new `tf.function`); False where the
-        last plan has no trial or its trial has not decided."""
-        entry = self._plans.get(self._last_key)
-        trial = None if entry is None else entry.runtime.trial
-        if trial is None or not trial.read()["decided"]:
-            return False
-        plan = entry.plan if trial.read()["compressed"] else entry.plan.all_dense()
-        self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources, tried=False)
-        self.trial = trial
-        return True
 
     def replan(self) -> bool:
         """Makes the plan of the last list of gradients again, with when each gradient became ready

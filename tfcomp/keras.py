@@ -126,8 +126,6 @@ class Replan(tf.keras.callbacks.Callback):
     (steps counted over every `fit` call), and rebuilds Keras's training function wherever the plan
     changed so that the next step runs it:
 
-      * once the plan's trial has decided (`GradientExchange.settle_trial`), what it decided, with
-        no trial around the exchange;
       * once, after `after_steps` steps, with the gradients' ready times measured in them
         (`GradientExchange.replan`), so that dense buckets are priced with their overlap of the
         backward pass;
@@ -169,18 +167,19 @@ class Replan(tf.keras.callbacks.Callback):
         since = self._steps - self.after_steps
         checking = (self.check_every is not None and since > 0 and since % self.check_every == 0
                     and sum(c["replanned"] for c in self.checks) < self.max_replans)
+        if since != 0 and not checking:
+            return
         try:
             exchange = exchange_of(self.model.optimizer)
         except TypeError:
             return
-        changed = exchange.settle_trial()
-        if since >= 0 and self.replanned is None:
-            if not changed:  # a plan settled just now has timed no step yet: re-plan after the next one
-                self.replanned = changed = exchange.replan()
-        elif checking:
+        if since == 0:
+            self.replanned = changed = exchange.replan()
+        else:
             result = exchange.check_prediction(self.threshold)
-            if result is not None:
-                self.checks.append(result)
-                changed = changed or result["changed"]
+            if result is None:
+                return
+            self.checks.append(result)
+            changed = result["changed"]
         if changed:
             self.model.make_train_function(force=True)
