@@ -67,7 +67,8 @@ def _worker() -> None:
     plan = planning.make_plan(tensors, compressor, cluster)
     if hvd.rank() == 0 and FLAGS.record:
         with open(FLAGS.record, "w") as f:
-            json.dump({"seconds": seconds, "cache_hit": cache_hit, "cpu_allocator": calibration.cpu_allocator(), "figures": cluster.to_list(), "parameters": sum(sizes),
+            json.dump({"seconds": seconds, "cache_hit": cache_hit, "cpu_allocator": calibration.cpu_allocator(),
+                       "figures": cluster.to_list(), "parameters": sum(sizes),
                        "tensors": len(sizes), "plan": [[b.strategy, len(b.positions), b.elements] for b in plan.buckets],
                        "predicted_exchange_s": planning.predicted_exchange_time(plan)}, f)
 

@@ -69,8 +69,8 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planning import Bucket, Plan, all_dense_time, make_plan, predicted_exchange_time
 from tfcomp.step import StepGraph
 
-__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "cost_settings", "cpu_allocator",
-           "measure_compression", "store_ready_times"]
+__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "cost_settings",
+           "cpu_allocator", "measure_compression", "store_ready_times"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")

@@ -329,8 +329,9 @@ class GradientExchange(tf.Module):
         prediction within `threshold` (the network or the compression costs are off), with the
         cluster calibrated again (the networks measured, the compression costs from the cache; once a
         job, and for an all-dense plan only where a network that explains the measurement would make
-        a plan that compresses) and the slowdown fitted anew. Every rank decides from the same gathered figures; the new plan's
-        digest is checked across ranks and, where it compresses, it is tried in training. Where the
+        a plan that compresses) and the slowdown fitted anew. Every rank decides from the same
+        gathered figures; the new plan's digest is checked across ranks and, where it compresses,
+        it is tried in training. Where the
         trial dropped the plan, the departure is reported and nothing is re-planned: the trial
         measured that compressing loses in this job, which outweighs the model (an unshaped CNN
         run re-planned three times around a 25 % departure of the all-dense prediction, each new
@@ -370,7 +371,8 @@ class GradientExchange(tf.Module):
 
         cluster = fitted(running.cluster)
         unexplained = abs(measured / planning.predicted_exchange_time(replace(running, cluster=cluster)) - 1.0) > threshold
-        if unexplained and not self._recalibrated and self._network_could_change_the_plan(entry, running, ready, measured):
+        if (unexplained and not self._recalibrated
+                and self._network_could_change_the_plan(entry, running, ready, measured)):
             # Once a job: where a new calibration did not explain it either, the departure comes from
             # what the model does not price (workers' compute beside the exchange), not a changed network.
             with tf.init_scope():

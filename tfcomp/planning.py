@@ -374,7 +374,8 @@ def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float =
     `predicted_exchange_time(plan)` comes to `measured_seconds`, the exchange's end measured with
     `plan` run (its `ready` the measured ready times): 1 where the plan is predicted to end no
     earlier than measured, or where no slowdown changes its prediction (nothing of it overlaps the
-    backward pass), the greatest where even that does not explain the measurement. Bisection: the prediction grows with the slowdown."""
+    backward pass), the greatest where even that does not explain the measurement. Bisection: the
+    prediction grows with the slowdown."""
     if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):
         raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
 
@@ -383,13 +384,20 @@ def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float =
         return predicted_exchange_time(dataclasses.replace(plan, cluster=cluster))
 
     low, high = 1.0, cm.MAX_OVERLAP_SLOWDOWN
-    if predicted(low) >= measured_seconds or predicted(high) == predicted(low):
+    at_low, at_high = predicted(low), predicted(high)
+    if at_low >= measured_seconds or at_high == at_low:
         return low  # no slowdown needed, or none would change the prediction (nothing overlaps)
-    if predicted(high) <= measured_seconds:
+    if at_high <= measured_seconds:
         return high
+    return _bisect(lambda slowdown: predicted(slowdown) < measured_seconds, low, high, tolerance)
+
+
+def _bisect(answer_is_above, low: float, high: float, tolerance: float) -> float:
+    """The midpoint of the interval, narrowed from [low, high] to at most `tolerance` wide, where
+    `answer_is_above(x)` turns from True to False."""
     while high - low > tolerance:
         middle = 0.5 * (low + high)
-        if predicted(middle) < measured_seconds:
+        if answer_is_above(middle):
             low = middle
         else:
             high = middle
@@ -419,19 +427,14 @@ def network_explaining(plan: Plan, measured_seconds: float, tolerance: float = 1
         return predicted_exchange_time(dataclasses.replace(plan, cluster=scaled(math.exp(log_factor))))
 
     low, high = -math.log(NETWORK_SCALE_RANGE), math.log(NETWORK_SCALE_RANGE)
-    if predicted(low) == predicted(high):
+    at_low, at_high = predicted(low), predicted(high)
+    if at_low == at_high:
         return plan.cluster
-    if predicted(high) >= measured_seconds:
+    if at_high >= measured_seconds:
         return scaled(math.exp(high))
-    if predicted(low) <= measured_seconds:
+    if at_low <= measured_seconds:
         return scaled(math.exp(low))
-    while high - low > tolerance:
-        middle = 0.5 * (low + high)
-        if predicted(middle) > measured_seconds:
-            low = middle
-        else:
-            high = middle
-    return scaled(math.exp(0.5 * (low + high)))
+    return scaled(math.exp(_bisect(lambda log_factor: predicted(log_factor) > measured_seconds, low, high, tolerance)))
 
 
 def all_dense_time(plan: Plan) -> float:
