@@ -270,6 +270,26 @@ def test_parts_with_addends_sparsify_and_write_each_sum(rng, count):
         assert_same_bits(sum_tensor.numpy(), total)
 
 
+@pytest.mark.parametrize("lead", [1, 2, 3, 4, 16, 17])
+def test_sums_written_from_any_alignment(rng, lead):
+    """The pass writes each sum by 16-byte (non-temporal) stores from the first aligned element of
+    its range on; ranges start wherever the blocks of the joint index space (2^16 elements) cut a
+    part. A leading part of `lead` elements shifts every later cut off (or onto) that alignment."""
+    sizes = [lead, 2 * 65536 + 7, 65536 + 21, 13]
+    pairs = [gradient_and_residual(rng, (size,)) for size in sizes]
+    totals = [ref.accumulate(g, r) for g, r in pairs]
+    joined = np.concatenate(totals)
+    threshold = quantile_threshold(joined, fraction=0.01)
+    num_slots = int(ref.selected(joined, threshold).sum())
+    values, indices, written = ops.dragonn_compress([g for g, _ in pairs], threshold, num_slots, 5,
+                                                    addend=[r for _, r in pairs])
+    expected_values, expected_indices = ref.dragonn_compress(joined, threshold, num_slots, 5)
+    np.testing.assert_array_equal(indices.numpy(), expected_indices)
+    assert_same_bits(values.numpy(), expected_values)
+    for sum_tensor, total in zip(written, totals):
+        assert_same_bits(sum_tensor.numpy(), total)
+
+
 def test_bad_part_addend_names_its_position(rng):
     g = [random_gradient(rng, (100,), np.float32), random_gradient(rng, (5, 4), np.float32)]
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"addend\[1\] must have the shape of grad\[1\], \[5,4\], got \[20\]"):
