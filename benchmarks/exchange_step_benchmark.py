@@ -1,12 +1,14 @@
 """Exchange-step benchmark: a whole compressed exchange step against its kernels and memory passes.
 
     python -m benchmarks.exchange_step_benchmark [--rows=512] [--cols=16384] [--workers=2]
-        [--compressors=dragonn_0.001,dgc_0.001] [--tensors=1] [--repeats=25] [--warmup=3] [--markdown_out=PATH]
+        [--compressors=dragonn_0.001,dgc_0.001] [--tensors=1] [--correction=none] [--repeats=25] [--warmup=3]
+        [--markdown_out=PATH]
 
 One process, one TensorFlow thread (intra- and inter-op), float32 gradient of [rows, cols] (default
 8.4 M elements), K = --workers simulated by `tfcomp.collectives.LocalCollectives` (the allgather
 returns this worker's payload K times, so nothing is sent and the figures are the exchange's own
-work). With --tensors=N the gradient is N tensors (blocks of rows) in one bucket, as MergeComp makes
+work). --correction=momentum or adam gives the compressors DGC's momentum correction (0.9) or the
+Adam correction (0.9, 0.999, 1e-7), whose accumulation replaces the plain residual's. With --tensors=N the gradient is N tensors (blocks of rows) in one bucket, as MergeComp makes
 them: DRAGONN's kernels then read the N tensors in place, the others encode a concatenated copy.
 For each compressor configuration it times, each as one tf.function returning a scalar (so no
 result is copied out):
@@ -44,6 +46,7 @@ flags.DEFINE_integer("cols", 16384, "Gradient columns.")
 flags.DEFINE_integer("workers", 2, "K, simulated (LocalCollectives).")
 flags.DEFINE_list("compressors", ["dragonn_0.001", "dgc_0.001"], "<dragonn|dgc>_<ratio> configurations.")
 flags.DEFINE_integer("tensors", 1, "The gradient as this many tensors (blocks of rows) in one bucket.")
+flags.DEFINE_enum("correction", "none", ["none", "momentum", "adam"], "The compressors' optimizer correction.")
 flags.DEFINE_integer("repeats", 25, "Measured rounds.")
 flags.DEFINE_integer("warmup", 3, "Discarded rounds.")
 flags.DEFINE_string("markdown_out", None, "Also write the table as Markdown here.")
@@ -68,7 +71,9 @@ def _compressor(config: str, error_feedback: bool, adding_first: bool = False):
     classes = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC}
     if name not in classes or not ratio:
         raise ValueError(f"--compressors: {config!r} is not <dragonn|dgc>_<ratio>")
-    compressor = classes[name](float(ratio), error_feedback=error_feedback)
+    corrections = {"none": {}, "momentum": {"momentum": 0.9}, "adam": {"adam": (0.9, 0.999, 1e-7)}}
+    compressor = classes[name](float(ratio), error_feedback=error_feedback,
+                               **(corrections[FLAGS.correction] if error_feedback else {}))
     if adding_first:
         compressor.fuses_residual = False  # the exchange then adds gradient and residual first
     return compressor
@@ -128,7 +133,7 @@ def main(argv):
     grad = tf.constant(np.random.default_rng(0).standard_normal((FLAGS.rows, FLAGS.cols), dtype=np.float32))
     rows = [_measure(config, grad) for config in FLAGS.compressors]
     header = (f"{machine_header()}; one inter-op thread; gradient {FLAGS.rows}x{FLAGS.cols} float32 "
-              f"in {FLAGS.tensors} tensor(s) of one bucket, "
+              f"in {FLAGS.tensors} tensor(s) of one bucket, correction {FLAGS.correction}, "
               f"K = {FLAGS.workers} (LocalCollectives); median ms of {FLAGS.repeats} interleaved rounds")
     print(header)
     print(text_table(_COLUMNS, rows))

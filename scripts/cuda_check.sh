@@ -25,7 +25,7 @@ from tensorflow.python.framework import kernels
 tf.load_op_library(sys.argv[1])
 expected = {"EstimateThreshold": 3, "DragonnCompress": 3, "DgcCompress": 3, "TopkCompress": 3,
             "SparseBatchedDecode": 3, "ZeroAt": 1, "IntQuantize": 1, "IntDequantize": 1,
-            "HashPartition": 1, "TimeAfter": 1}
+            "HashPartition": 1, "TimeAfter": 1, "MomentumAccumulate": 1, "AdamAccumulate": 1}
 count = {op: sum(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op("Tfcomp>" + op).kernel)
          for op in expected}
 print("cuda-check: DEVICE_GPU kernels registered per op:", count)
@@ -33,7 +33,7 @@ sys.exit(0 if count == expected else 1)
 PY
 TFCOMP_OPS_LIBRARY=$PWD/$lib python3 -m pytest -q -p no:cacheprovider tests/test_op_library.py \
   tests/test_estimate_threshold.py tests/test_dragonn_compress.py tests/test_dgc_compress.py \
-  tests/test_topk_compress.py tests/test_sparse_batched_decode.py tests/test_zero_at.py tests/test_int_quantize.py tests/test_hash_partition.py tests/test_timeline.py
+  tests/test_topk_compress.py tests/test_sparse_batched_decode.py tests/test_zero_at.py tests/test_int_quantize.py tests/test_hash_partition.py tests/test_timeline.py tests/test_accumulate.py
 
 # 3. The standalone harness (nvcc, same kernel sources, no TensorFlow) and its host-only self-check.
 benchmarks/gpu/build.sh build/gpu_harness

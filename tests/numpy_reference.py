@@ -18,12 +18,14 @@ __all__ = [
     "DTYPES",
     "MAX_LENGTH",
     "REFERENCES",
+    "adam_accumulate",
     "argument_errors",
     "dgc_compress",
     "dragonn_compress",
     "estimate_threshold",
     "magnitude_rank",
     "mix64",
+    "momentum_accumulate",
     "sample_positions",
     "slot_hash",
     "sparse_batched_decode",
@@ -140,6 +142,35 @@ def accumulate(g: np.ndarray, r: np.ndarray) -> np.ndarray:
     """float32 g + r as TensorFlow's CPU kernels compute it: denormal inputs and results flushed to
     zero (TensorFlow sets FTZ and DAZ on its threads)."""
     return _flush_denormals(_flush_denormals(g.astype(np.float32)) + _flush_denormals(r.astype(np.float32)))
+
+
+def _rounded(operation, *operands) -> np.ndarray:
+    """One float32 operation as TensorFlow's CPU threads run it: denormal operands read as zero,
+    a denormal result flushed to zero."""
+    with np.errstate(all="ignore"):
+        result = operation(*[_flush_denormals(np.asarray(x, np.float32)) for x in operands])
+    return _flush_denormals(np.asarray(result, np.float32))
+
+
+def momentum_accumulate(g, u, mu: float, r=None):
+    """(u' = mu * u + g, r + u' or u' without r), float32, each operation rounded as TensorFlow's."""
+    new_u = _rounded(np.add, _rounded(np.multiply, np.float32(mu), u), g)
+    return new_u, new_u if r is None else _rounded(np.add, r, new_u)
+
+
+def adam_accumulate(g, m, v, t: float, beta_1: float, beta_2: float, epsilon: float, r=None):
+    """(m', v', r + d or d without r) of the Adam correction, float32, each operation rounded as
+    TensorFlow's; 1 - beta rounded to float32 from Python's difference, the bias corrections
+    1 - beta^t computed in float32 (np.power, as tf.pow)."""
+    b1, b2, eps = np.float32(beta_1), np.float32(beta_2), np.float32(epsilon)
+    new_m = _rounded(np.add, _rounded(np.multiply, b1, m), _rounded(np.multiply, np.float32(1.0 - beta_1), g))
+    new_v = _rounded(np.add, _rounded(np.multiply, b2, v),
+                     _rounded(np.multiply, np.float32(1.0 - beta_2), _rounded(np.multiply, g, g)))
+    m_correction = np.float32(1.0) - np.power(b1, np.float32(t))
+    v_correction = np.float32(1.0) - np.power(b2, np.float32(t))
+    denominator = _rounded(np.add, _rounded(np.sqrt, _rounded(np.divide, new_v, v_correction)), eps)
+    direction = _rounded(np.divide, _rounded(np.divide, new_m, m_correction), denominator)
+    return new_m, new_v, direction if r is None else _rounded(np.add, r, direction)
 
 
 def uniform24(seed: int, n: int) -> np.ndarray:

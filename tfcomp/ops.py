@@ -30,6 +30,7 @@ __all__ = [
     "MAX_LENGTH",
     "OpLibraryError",
     "REBUILD_COMMAND",
+    "adam_accumulate",
     "dgc_compress",
     "dragonn_compress",
     "estimate_threshold",
@@ -38,6 +39,7 @@ __all__ = [
     "int_quantize",
     "library_path",
     "load_library",
+    "momentum_accumulate",
     "sparse_batched_decode",
     "time_after",
     "topk_compress",
@@ -53,7 +55,7 @@ MAX_LENGTH = _INT32_MAX  # the longest gradient, payload or dense output: indice
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode", "ZeroAt",
-            "HashPartition", "TimeAfter"):
+            "HashPartition", "TimeAfter", "MomentumAccumulate", "AdamAccumulate"):
     tf.no_gradient("Tfcomp>" + _op)
 
 
@@ -482,6 +484,85 @@ def zero_at(variable: tf.Variable, indices, offset: int = 0, name: str | None = 
     if variable.dtype != tf.float32:
         raise ValueError(f"variable must be float32, got {variable.dtype.name}")
     return load_library().tfcomp_zero_at(variable.handle, _indices(indices), offset=offset, name=name)
+
+
+def _finite_coefficient(name: str, value) -> float:
+    """A finite real Python or NumPy number (an op attribute, float32 in the op)."""
+    if not _is_scalar_number(value):
+        raise TypeError(f"{name} must be a real number, got {value!r} of type {type(value).__name__}")
+    if not np.isfinite(_float32_of(name, value)):
+        raise ValueError(f"{name} must be finite as a float32, got {value!r}")
+    return float(value)
+
+
+def _float32_input(name: str, value):
+    """A float32 tensor argument as given; an array or number of a real dtype as float32."""
+    if tf.is_tensor(value):
+        if value.dtype != tf.float32:
+            raise TypeError(f"{name} must be a float32 tensor, got dtype {value.dtype.name}")
+        return value
+    _check_kind(name, value, ("int", "float"), "a float32 tensor or a real array")
+    return _to_float32(value)
+
+
+def _residual_list(residual) -> list:
+    return [] if residual is None else [_float32_input("residual", residual)]
+
+
+def momentum_accumulate(grad, momentum, mu: float, residual=None, name: str | None = None) -> tuple:
+    """Error feedback's accumulation under DGC's momentum correction, in one pass.
+
+    u' = mu * u + g and the accumulated gradient r + u', each operation one float32 operation
+    rounded to nearest, as TensorFlow's mul and add give them, but reading g, u and r once.
+
+    Args:
+      grad: float32 tensor of any shape (< 2^31 elements); here and below an array is taken as float32,
+        a tensor of another dtype is a TypeError.
+      momentum: float32 tensor of grad's shape, u.
+      mu: finite real Python number, the momentum coefficient.
+      residual: None, or a float32 tensor of grad's shape, r.
+      name: optional op name.
+
+    Returns:
+      (new_momentum u', accumulated r + u'), float32 tensors of grad's shape; without a residual,
+      accumulated is u' itself.
+    """
+    mu = _finite_coefficient("mu", mu)
+    new_momentum, accumulated = load_library().tfcomp_momentum_accumulate(
+        _float32_input("grad", grad), _float32_input("momentum", momentum), _residual_list(residual), mu=mu, name=name)
+    return new_momentum, accumulated
+
+
+def adam_accumulate(grad, m, v, step, beta_1: float, beta_2: float, epsilon: float, residual=None,
+                    name: str | None = None) -> tuple:
+    """Error feedback's accumulation under the Adam correction, in one pass.
+
+    m' = beta_1 m + (1 - beta_1) g, v' = beta_2 v + (1 - beta_2) g^2, and the accumulated gradient
+    r + d of Adam's bias-corrected direction d = (m' / (1 - beta_1^t)) / (sqrt(v' / (1 - beta_2^t)) +
+    epsilon), each operation one float32 operation rounded to nearest (the results of the same
+    TensorFlow ops, with 1 - beta rounded from Python's float), reading g, m, v and r once.
+
+    Args:
+      grad: float32 tensor of any shape (< 2^31 elements).
+      m, v: float32 tensors of grad's shape, Adam's moments.
+      step: the step t of the bias corrections, a number or a real scalar tensor (cast to float32).
+      beta_1, beta_2, epsilon: finite real Python numbers.
+      residual: None, or a float32 tensor of grad's shape, r.
+      name: optional op name.
+
+    Returns:
+      (new_m, new_v, accumulated), float32 tensors of grad's shape.
+    """
+    beta_1, beta_2 = _finite_coefficient("beta_1", beta_1), _finite_coefficient("beta_2", beta_2)
+    epsilon = _finite_coefficient("epsilon", epsilon)
+    t = tf.cast(step, tf.float32)
+    m_correction = 1.0 - tf.pow(tf.constant(beta_1, tf.float32), t)
+    v_correction = 1.0 - tf.pow(tf.constant(beta_2, tf.float32), t)
+    new_m, new_v, accumulated = load_library().tfcomp_adam_accumulate(
+        _float32_input("grad", grad), _float32_input("m", m), _float32_input("v", v), _residual_list(residual),
+        m_correction, v_correction, beta_1=beta_1, one_minus_beta_1=1.0 - beta_1,
+        beta_2=beta_2, one_minus_beta_2=1.0 - beta_2, epsilon=epsilon, name=name)
+    return new_m, new_v, accumulated
 
 
 def time_after(tensors, name: str | None = None) -> tf.Tensor:

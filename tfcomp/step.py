@@ -426,10 +426,11 @@ class StepGraph:
     def _accumulate(self, grad, source, apart: bool = False, with_residual: bool = True):
         """(flat float32 gradient plus memory of one tensor, its new optimizer moments or None):
         g + r (with `apart`, `_Unsummed([g], [r])` for the compressor's kernels to add); under DGC
-        momentum correction r + u with u = mu u + g, moments (u,); under Adam correction r + d with
-        d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g and v = b2 v + (1 - b2) g^2,
-        bias-corrected for the step t = communicating steps so far + 1, moments (m, v). Without
-        `with_residual`, r (known to be zero) is left out."""
+        momentum correction r + u with u = mu u + g, moments (u,) (`ops.momentum_accumulate`, one
+        pass); under Adam correction r + d with d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g
+        and v = b2 v + (1 - b2) g^2, bias-corrected for the step t = communicating steps so far + 1,
+        moments (m, v) (`ops.adam_accumulate`, one pass). Without `with_residual`, r (known to be
+        zero) is left out."""
         compressor = self.compressor
         flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
         if not compressor.error_feedback:
@@ -438,20 +439,20 @@ class StepGraph:
         memory = self.state.memory
         residual = memory.residual(source, size, compressor.optimizer_state)
 
-        def plus_residual(x):
-            return residual + x if with_residual else x
-
+        added = residual.value() if with_residual else None
         if compressor.adam is not None:
             beta_1, beta_2, epsilon = compressor.adam
-            m = beta_1 * memory.momentum(source, size) + (1.0 - beta_1) * flat
-            v = beta_2 * memory.second_moment(source, size) + (1.0 - beta_2) * tf.square(flat)
-            t = tf.cast(self.state.step + 1, tf.float32)
-            direction = (m / (1.0 - tf.pow(beta_1, t))) / (tf.sqrt(v / (1.0 - tf.pow(beta_2, t))) + epsilon)
-            return plus_residual(direction), (m, v)
+            m, v, accumulated = ops.adam_accumulate(flat, memory.momentum(source, size),
+                                                    memory.second_moment(source, size), self.state.step + 1, beta_1,
+                                                    beta_2, epsilon, residual=added)
+            return accumulated, (m, v)
         if compressor.momentum is None:
-            return (_Unsummed([flat], [residual.value()]) if apart and with_residual else plus_residual(flat)), None
-        momentum = compressor.momentum * memory.momentum(source, size) + flat
-        return plus_residual(momentum), (momentum,)
+            if added is None:
+                return flat, None
+            return (_Unsummed([flat], [added]) if apart else added + flat), None
+        momentum, accumulated = ops.momentum_accumulate(flat, memory.momentum(source, size), compressor.momentum,
+                                                        residual=added)
+        return accumulated, (momentum,)
 
     def _update_memory(self, bucket, sources, sizes, update):
         """The assignments of the bucket's new memory: each residual (and DGC momentum) becomes its

@@ -341,6 +341,65 @@ void CheckZeroAt(int64_t size, uint64_t seed) {
   Report(at, verdict);
 }
 
+// The float32 tensor of MakeGradient's bits (NaN, Inf, zeros and subnormals among its values).
+std::vector<float> MakeFloats(int64_t size, uint64_t seed) {
+  const std::vector<uint32_t> bits = MakeGradient<Float32Format>(size, seed);
+  std::vector<float> values(size);
+  std::memcpy(values.data(), bits.data(), size * sizeof(float));
+  return values;
+}
+
+// Bit-for-bit comparison of a float32 output with the host's.
+Verdict CompareFloats(const std::vector<float>& want, const std::vector<float>& got) {
+  Verdict verdict;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && verdict.mismatches++ == 0) {
+      verdict.first = "element " + std::to_string(i) + ": expected " + std::to_string(want[i]) + ", got " +
+                      std::to_string(got[i]);
+    }
+  }
+  return verdict;
+}
+
+// momentum_accumulate and adam_accumulate of `size` elements, with and without a residual, against
+// the same element-wise functions (ops/cc/lib/accumulate.h) run on the host: bit for bit (neither
+// side flushes denormals here).
+void CheckAccumulate(int64_t size, uint64_t seed) {
+  const std::string at = "float32 d=" + std::to_string(size) + ": ";
+  const std::vector<float> grad = MakeFloats(size, seed), first = MakeFloats(size, seed + 1);
+  const std::vector<float> residual = MakeFloats(size, seed + 2);
+  std::vector<float> second = MakeFloats(size, seed + 3);
+  for (float& x : second) x = std::fabs(x);
+  const DeviceArray<float> d_grad(grad), d_first(first), d_second(second), d_residual(residual);
+  DeviceArray<float> d_new_first(size), d_new_second(size), d_accumulated(size);
+  const AdamCoefficients adam{0.9f, 0.1f, 0.999f, 0.001f, 1e-7f, 0.271f, 0.0394f};
+  const DeviceArray<float> d_corrections(std::vector<float>{adam.m_correction, adam.v_correction});
+  for (const bool with_residual : {false, true}) {
+    const float* r = with_residual ? residual.data() : nullptr;
+    const float* d_r = with_residual ? d_residual.get() : nullptr;
+    const std::string which = with_residual ? " with a residual" : "";
+    std::vector<float> want_first(size), want_second(size), want_accumulated(size);
+    for (int64_t i = 0; i < size; ++i) {
+      MomentumAccumulateAt(i, grad.data(), first.data(), r, 0.9f, want_first.data(), want_accumulated.data());
+    }
+    HARNESS_CUDA(cuda::MomentumAccumulate(d_grad.get(), d_first.get(), d_r, size, 0.9f, d_new_first.get(),
+                                          d_accumulated.get(), 0));
+    Report(at + "momentum_accumulate" + which + ", momentum", CompareFloats(want_first, d_new_first.Download()));
+    Report(at + "momentum_accumulate" + which + ", accumulated",
+           CompareFloats(want_accumulated, d_accumulated.Download()));
+    for (int64_t i = 0; i < size; ++i) {
+      AdamAccumulateAt(i, grad.data(), first.data(), second.data(), r, adam, want_first.data(), want_second.data(),
+                       want_accumulated.data());
+    }
+    HARNESS_CUDA(cuda::AdamAccumulate(d_grad.get(), d_first.get(), d_second.get(), d_r, size, adam,
+                                      d_corrections.get(), d_corrections.get() + 1, d_new_first.get(),
+                                      d_new_second.get(), d_accumulated.get(), 0));
+    Report(at + "adam_accumulate" + which + ", m", CompareFloats(want_first, d_new_first.Download()));
+    Report(at + "adam_accumulate" + which + ", v", CompareFloats(want_second, d_new_second.Download()));
+    Report(at + "adam_accumulate" + which + ", accumulated", CompareFloats(want_accumulated, d_accumulated.Download()));
+  }
+}
+
 // hash_partition of n pairs (a payload of a tensor of 4 n elements, a third of the slots empty,
 // NaN and Inf among the values) among num_parts owners: the two launches around the host's
 // exclusive sum, against the CPU's counting sort (ops/cc/lib/partition.h), rows bit for bit.
@@ -463,6 +522,7 @@ int RunCheck(int max_log2) {
     CheckSize<Float16Format>("float16", size, ++seed);
     CheckSize<BFloat16Format>("bfloat16", size, ++seed);
     CheckZeroAt(size, ++seed);
+    CheckAccumulate(size, ++seed);
     CheckIntQuantize(size, ++seed);
     for (int32_t parts : {1, 2, 8, 61}) CheckHashPartition(size / 8 + 1, parts, ++seed);
   }
@@ -513,6 +573,12 @@ int CheckLaunchers() {
               cuda::SparseBatchedDecode<F>(nullptr, nullptr, -1, 10, nullptr, nullptr, nullptr, &bytes, 0), bad);
   ReportError("launchers: hash_partition count, num_parts = 0 ->",
               cuda::HashPartitionCount(nullptr, 10, 0, nullptr, nullptr, 0), bad);
+  ReportError("launchers: momentum_accumulate, size < 0 ->",
+              cuda::MomentumAccumulate(nullptr, nullptr, nullptr, -1, 0.9f, nullptr, nullptr, 0), bad);
+  ReportError("launchers: adam_accumulate, size = 2^31 ->",
+              cuda::AdamAccumulate(nullptr, nullptr, nullptr, nullptr, int64_t{1} << 31, AdamCoefficients{}, nullptr,
+                                   nullptr, nullptr, nullptr, nullptr, 0),
+              bad);
   ReportError("launchers: hash_partition write, n < 0 ->",
               cuda::HashPartitionWrite(nullptr, nullptr, -1, 2, nullptr, nullptr, 0), bad);
   size_t small = 1;
@@ -536,6 +602,8 @@ int CheckLaunchers() {
               cuda::DgcCompress<F>(nullptr, d, nullptr, 1000, nullptr, nullptr, scratch, &bytes, 0), cudaSuccess);
   ReportError("no GPU: topk_compress ->", cuda::TopkCompress<F>(nullptr, d, 1000, nullptr, nullptr, scratch, &bytes, 0),
               cudaSuccess);
+  ReportError("no GPU: momentum_accumulate ->",
+              cuda::MomentumAccumulate(nullptr, nullptr, nullptr, d, 0.9f, nullptr, nullptr, 0), cudaSuccess);
   ReportError("no GPU: hash_partition count ->", cuda::HashPartitionCount(nullptr, 4000, 8, nullptr, nullptr, 0),
               cudaSuccess);
   ReportError("no GPU: sparse_batched_decode ->",

@@ -149,6 +149,25 @@ Status ZeroAtLauncher<GpuDevice>::operator()(OpKernelContext* context, const Ten
                                           indices.NumElements(), offset, stream));
 }
 
+Status MomentumAccumulateLauncher<GpuDevice>::operator()(OpKernelContext* context, const AccumulateTensors& t,
+                                                        float mu) const {
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  return CudaStatus(context, cuda::MomentumAccumulate(t.grad, t.moments[0], t.residual, t.size, mu, t.new_moments[0],
+                                                      t.accumulated, stream));
+}
+
+Status AdamAccumulateLauncher<GpuDevice>::operator()(OpKernelContext* context, const AccumulateTensors& t,
+                                                    const AdamCoefficients& constants, const Tensor& m_correction,
+                                                    const Tensor& v_correction) const {
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  return CudaStatus(context, cuda::AdamAccumulate(t.grad, t.moments[0], t.moments[1], t.residual, t.size, constants,
+                                                  m_correction.scalar<float>().data(),
+                                                  v_correction.scalar<float>().data(), t.new_moments[0],
+                                                  t.new_moments[1], t.accumulated, stream));
+}
+
 Status HashPartitionLauncher<GpuDevice>::Count(OpKernelContext* context, const Tensor& indices, int32_t num_parts,
                                                int32_t* counts, int64_t* bad_position, int32_t* bad_index) const {
   cudaStream_t stream;

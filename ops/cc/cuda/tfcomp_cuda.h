@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/cc/lib/accumulate.h"
 #include "ops/cc/lib/magnitude.h"
 #include "ops/cc/lib/parts.h"
 
@@ -110,6 +111,18 @@ cudaError_t IntQuantize(const float* grad, int64_t size, const float* scale, con
 // int_dequantize: dense[size] = the signed fields of the lanes times *step (device). Needs no scratch.
 cudaError_t IntDequantize(const int32_t* lanes, int64_t size, const float* step, int bits, float* dense,
                           cudaStream_t stream);
+
+// momentum_accumulate: MomentumAccumulateAt (ops/cc/lib/accumulate.h) for every i < size; residual
+// and accumulated may be null. Needs no scratch.
+cudaError_t MomentumAccumulate(const float* grad, const float* momentum, const float* residual, int64_t size, float mu,
+                               float* new_momentum, float* accumulated, cudaStream_t stream);
+
+// adam_accumulate: AdamAccumulateAt for every i < size, with the bias corrections *m_correction and
+// *v_correction (device scalars) in place of the constants' own; residual and accumulated may be
+// null. Needs no scratch.
+cudaError_t AdamAccumulate(const float* grad, const float* m, const float* v, const float* residual, int64_t size,
+                           AdamCoefficients constants, const float* m_correction, const float* v_correction,
+                           float* new_m, float* new_v, float* accumulated, cudaStream_t stream);
 
 // hash_partition, in two launches around the host, one thread per chunk of kPartitionChunk pairs
 // (PartitionChunks(n) chunks), each walking its chunk in order. HashPartitionCount writes, for chunk

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ops/cc/kernels/kernel_util.h"
+#include "ops/cc/lib/accumulate.h"
 #include "ops/cc/lib/parts.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -87,6 +88,27 @@ struct IntDequantizeLauncher;
 template <typename Device>
 struct HashPartitionLauncher;
 
+// momentum_accumulate and adam_accumulate: the tensors of one call, float32 [size] each, checked
+// (moments: the momentum, or Adam's m and v); residual null where there is none, accumulated null
+// where it is the new momentum itself (no residual).
+struct AccumulateTensors {
+  int64_t size = 0;
+  const float* grad = nullptr;
+  const float* moments[2] = {nullptr, nullptr};
+  const float* residual = nullptr;
+  float* new_moments[2] = {nullptr, nullptr};
+  float* accumulated = nullptr;
+};
+
+// momentum_accumulate: MomentumAccumulateAt (ops/cc/lib/accumulate.h) for every element; size > 0.
+template <typename Device>
+struct MomentumAccumulateLauncher;
+
+// adam_accumulate: AdamAccumulateAt for every element, the constants' corrections replaced by the
+// float32 scalars m_correction and v_correction; size > 0.
+template <typename Device>
+struct AdamAccumulateLauncher;
+
 #if TFCOMP_CUDA
 template <typename T>
 struct EstimateThresholdLauncher<GpuDevice, T> {
@@ -140,6 +162,19 @@ struct HashPartitionLauncher<GpuDevice> {
 
  private:
   mutable std::vector<int64_t> cursors_;  // [chunk * num_parts + owner], from Count
+};
+
+template <>
+struct MomentumAccumulateLauncher<GpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const AccumulateTensors& tensors,
+                                  float mu) const;
+};
+
+template <>
+struct AdamAccumulateLauncher<GpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const AccumulateTensors& tensors,
+                                  const AdamCoefficients& constants, const ::tensorflow::Tensor& m_correction,
+                                  const ::tensorflow::Tensor& v_correction) const;
 };
 
 template <>

@@ -44,6 +44,18 @@ Status GradListLength(InferenceContext* c, int64_t* m) {
   return ::tensorflow::OkStatus();
 }
 
+// Outputs 0 to num_outputs - 1 get grad's shape (input 0), merged with the `num_moments` moment
+// inputs that follow it and the residual (attribute "N": no tensor or one).
+Status AccumulateShapes(InferenceContext* c, int num_moments, int num_outputs) {
+  int64_t n;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  if (n > 1) return ::tensorflow::errors::InvalidArgument("residual must hold no tensor or one, got ", n);
+  ShapeHandle shape = c->input(0);
+  for (int i = 1; i <= num_moments + n; ++i) TF_RETURN_IF_ERROR(c->Merge(shape, c->input(i), &shape));
+  for (int i = 0; i < num_outputs; ++i) c->set_output(i, shape);
+  return ::tensorflow::OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("Tfcomp>EstimateThreshold")
@@ -303,6 +315,69 @@ indices: [m] int32, -1 or a flat index >= 0.
 rows: [n, 2] int32: (index, the float32 bits of its value) of the n pairs with index >= 0, owner 0's
   first, then owner 1's, ..., in input order within an owner.
 splits: [num_parts] int32: how many rows each owner gets.
+)doc");
+
+REGISTER_OP("Tfcomp>MomentumAccumulate")
+    .Input("grad: float")
+    .Input("momentum: float")
+    .Input("residual: N * float")
+    .Output("new_momentum: float")
+    .Output("accumulated: float")
+    .Attr("mu: float")
+    .Attr("N: int >= 0 = 0")
+    .SetShapeFn([](InferenceContext* c) { return AccumulateShapes(c, 1, 2); })
+    .Doc(R"doc(
+Error feedback's accumulation under DGC's momentum correction, in one pass: the new momentum
+u' = mu * u + g and the accumulated gradient r + u', each operation one float32 operation rounded
+to nearest (no fused multiply-add), as TensorFlow's mul and add give them.
+
+grad: float32 of any shape, at most 2^31 - 1 elements.
+momentum: float32 of grad's shape, u.
+residual: no tensor, or one float32 tensor of grad's shape, r (none: the accumulated gradient is u').
+mu: the momentum coefficient (float32).
+new_momentum: u', grad's shape.
+accumulated: r + u' (u' itself, the same tensor, without a residual), grad's shape.
+)doc");
+
+REGISTER_OP("Tfcomp>AdamAccumulate")
+    .Input("grad: float")
+    .Input("m: float")
+    .Input("v: float")
+    .Input("residual: N * float")
+    .Input("m_correction: float")
+    .Input("v_correction: float")
+    .Output("new_m: float")
+    .Output("new_v: float")
+    .Output("accumulated: float")
+    .Attr("beta_1: float")
+    .Attr("one_minus_beta_1: float")
+    .Attr("beta_2: float")
+    .Attr("one_minus_beta_2: float")
+    .Attr("epsilon: float")
+    .Attr("N: int >= 0 = 0")
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(AccumulateShapes(c, 2, 3));
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(RequireRank(c, 3 + n, "m_correction", 0));
+      return RequireRank(c, 4 + n, "v_correction", 0);
+    })
+    .Doc(R"doc(
+Error feedback's accumulation under the Adam correction, in one pass: m' = beta_1 m + (1 - beta_1) g,
+v' = beta_2 v + (1 - beta_2) g^2 and the accumulated gradient r + d of Adam's bias-corrected direction
+d = (m' / m_correction) / (sqrt(v' / v_correction) + epsilon), each operation one float32 operation
+rounded to nearest (no fused multiply-add; sqrt correctly rounded).
+
+grad: float32 of any shape, at most 2^31 - 1 elements.
+m, v: float32 of grad's shape, Adam's moments.
+residual: no tensor, or one float32 tensor of grad's shape, r (none: the accumulated gradient is d).
+m_correction, v_correction: float32 scalars, 1 - beta_1^t and 1 - beta_2^t of the step t (on a GPU
+  they stay in device memory).
+beta_1, beta_2, epsilon: Adam's coefficients (float32).
+one_minus_beta_1, one_minus_beta_2: 1 - beta_1 and 1 - beta_2 rounded once to float32 from the
+  exact difference of the coefficients as given (not from their float32 roundings).
+new_m, new_v: m' and v', grad's shape.
+accumulated: r + d (d without a residual), grad's shape.
 )doc");
 
 REGISTER_OP("Tfcomp>TimeAfter")
