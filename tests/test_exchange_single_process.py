@@ -793,6 +793,56 @@ def test_fused_accumulation_equals_adding_first(rng):
     assert _CountsFusedEncodes.fused_encodes > 0
 
 
+def _one_bucket_step(compressor, shapes, workers: int = 2):
+    """(step function of the flat gradients, the variables, the exchange state): one allgather bucket
+    holding every tensor of `shapes`, run by `tfcomp.step.StepGraph` with LocalCollectives."""
+    from tfcomp.collectives import LocalCollectives
+    from tfcomp.cost_model import ClusterModel, StrategyTime
+    from tfcomp.memory import ExchangeState
+    from tfcomp.planning import Bucket, Plan
+    from tfcomp.step import StepGraph
+
+    sizes = [int(np.prod(s)) for s in shapes]
+    plan = Plan((Bucket(tuple(range(len(shapes))), sum(sizes), "allgather", StrategyTime(0.0, 0.0), 0.0),),
+                {i: f"gradient_{i}" for i in range(len(shapes))}, compressor, ClusterModel.unpriced(workers))
+    state = ExchangeState()
+    step = StepGraph(compressor, state, LocalCollectives(workers))
+    variables = [tf.Variable(tf.zeros([n])) for n in sizes]
+    specimen = [tf.zeros([n]) for n in sizes]
+    runtime = step.create_state(plan, specimen, variables)
+    return tf.function(lambda grads: step(plan, list(grads), variables, runtime), autograph=False), variables, state
+
+
+@pytest.mark.parametrize("error_feedback", [True, False], ids=["feedback", "no_feedback"])
+def test_bucket_of_several_tensors_read_in_place_equals_concatenating(rng, monkeypatch, error_feedback):
+    """A bucket of three tensors: DRAGONN's kernels read the parts in place (with or without the
+    residuals), the other path concatenates them first; the reduced buckets and the residuals agree
+    bit for bit over steps, one with a NaN."""
+    shapes = [(3001,), (2000,), (517,)]
+    part_counts = []
+    compress = tfcomp.ops.dragonn_compress
+
+    def counting_compress(grad, *args, **kwargs):
+        part_counts.append(len(grad) if isinstance(grad, list) else 1)
+        return compress(grad, *args, **kwargs)
+
+    monkeypatch.setattr(tfcomp.ops, "dragonn_compress", counting_compress)
+    runs = [_one_bucket_step(compressor_class(RATIO, error_feedback=error_feedback), shapes)
+            for compressor_class in (tfcomp.DRAGONN, _AddsFirst)]
+    for step in range(4):
+        grads = [random_gradient(rng, (int(np.prod(s)),), np.float32) for s in shapes]
+        if step == 2:
+            grads[1][5] = np.nan
+        outs = [[o.numpy() for o in tf.nest.flatten(run([tf.constant(g) for g in grads]))] for run, _, _ in runs]
+        for in_place, concatenated in zip(*outs):
+            assert_same_bits(in_place, concatenated)
+        memories = [[v.numpy() for v in state.memory.residuals] for _, _, state in runs]
+        assert len(memories[0]) == (len(shapes) if error_feedback else 0)
+        for in_place, concatenated in zip(*memories):
+            assert_same_bits(in_place, concatenated)
+    assert sorted(set(part_counts)) == [1, len(shapes)]  # traced once by each path
+
+
 @pytest.mark.parametrize("setting, tensor_elements, bucket_elements, strategy, advised", [
     (None, 9_000_000, 9_000_000, "allgather", True),  # one 34 MiB tensor
     (None, 3_000_000, 9_000_000, "allgather", True),  # a 34 MiB compressed bucket of smaller tensors

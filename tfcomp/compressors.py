@@ -354,6 +354,8 @@ class DRAGONN(_Sparsifier):
         return max(1, math.floor(self.slots_per_element * self.ratio * size + 0.5))
 
     def encode(self, flat, seed, worker):
+        """As `Compressor.encode`; flat may also be a list (float32 [n_i] each): a bucket's tensors,
+        read in place as their concatenation."""
         return Encoded(self._compress(flat, None, seed, worker))
 
     def encode_sum(self, flat, residual, seed, worker):

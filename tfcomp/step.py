@@ -79,14 +79,14 @@ class _Unsummed(NamedTuple):
     concatenation and a second pass that reads the sum."""
 
     grads: list
-    residuals: list
+    residuals: list  # empty without error feedback: the kernels then read the gradients' parts alone
 
     @property
     def shape(self):
         return tf.TensorShape([sum(int(g.shape[0]) for g in self.grads)])
 
     def total(self) -> tf.Tensor:
-        return _concat([g + r for g, r in zip(self.grads, self.residuals)])
+        return _concat([g + r for g, r in zip(self.grads, self.residuals)] if self.residuals else self.grads)
 
 
 class _Partitioned(NamedTuple):
@@ -430,11 +430,12 @@ class StepGraph:
         pass); under Adam correction r + d with d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g
         and v = b2 v + (1 - b2) g^2, bias-corrected for the step t = communicating steps so far + 1,
         moments (m, v) (`ops.adam_accumulate`, one pass). Without `with_residual`, r (known to be
-        zero) is left out."""
+        zero) is left out; without error feedback, g (with `apart`, `_Unsummed([g], [])`, for the
+        kernels to read the bucket's parts in place)."""
         compressor = self.compressor
         flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
         if not compressor.error_feedback:
-            return flat, None
+            return (_Unsummed([flat], []) if apart else flat), None
         size = int(flat.shape[0])
         memory = self.state.memory
         residual = memory.residual(source, size, compressor.optimizer_state)
@@ -523,7 +524,9 @@ class StepGraph:
             if bucket.strategy == "artopk":
                 payload = self._artopk_payload(acc, seed, worker, num_workers)
             else:
-                if isinstance(acc, _Unsummed):
+                if isinstance(acc, _Unsummed) and not acc.residuals:
+                    encoded = compressor.encode(acc.grads, seed, worker)
+                elif isinstance(acc, _Unsummed):
                     encoded, acc = compressor.encode_sum(acc.grads, acc.residuals, seed, worker)
                 elif position in scales:
                     encoded = compressor.encode_scaled(acc, scales[position], seed, worker, num_workers)
