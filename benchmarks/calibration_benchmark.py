@@ -23,9 +23,10 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from absl import app, flags
+
+from benchmarks.tables import write_results
 
 __all__ = []
 
@@ -104,13 +105,9 @@ def summarise(runs: list) -> str:
 
 
 def _launcher() -> None:
-    from benchmarks.cluster import Cluster, cluster_unavailable_reason
+    from benchmarks.cluster import Cluster, exit_unless_available
 
-    reason = cluster_unavailable_reason()
-    if reason:
-        sys.exit(f"calibration_benchmark: {reason}")
-    out_dir = Path(FLAGS.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    exit_unless_available("calibration_benchmark")
     runs = []
     cache_dir = tempfile.TemporaryDirectory()
     cache = os.path.join(cache_dir.name, "calibration.json") if FLAGS.cached else "none"
@@ -124,11 +121,8 @@ def _launcher() -> None:
                     runs.append(record)
                     print(f"run {run} {model} {rate}: {record['seconds']:.2f} s, c1 {1e9 * record['figures'][6]:.2f} "
                           f"ns, plan {record['plan']}", flush=True)
-    (out_dir / "calibration_benchmark.json").write_text(json.dumps({"hosts": FLAGS.hosts, "config": FLAGS.compressor_config,
-                                                                     "runs": runs}, indent=1))
-    text = summarise(runs)
-    (out_dir / "calibration_benchmark.md").write_text(text + "\n")
-    print(text)
+    write_results(FLAGS.out_dir, "calibration_benchmark",
+                  {"hosts": FLAGS.hosts, "config": FLAGS.compressor_config, "runs": runs}, summarise(runs))
 
 
 def main(argv):

@@ -42,7 +42,8 @@ import tempfile
 import threading
 import time
 
-__all__ = ["Cluster", "ClusterError", "cluster_unavailable_reason", "horovodrun_executable", "parse_rate"]
+__all__ = ["Cluster", "ClusterError", "cluster_unavailable_reason", "exit_unless_available", "horovodrun_executable",
+           "parse_rate"]
 
 PREFIX = "tfc-"
 SUBNET = "198.18.0"
@@ -93,6 +94,13 @@ def cluster_unavailable_reason() -> str | None:
         return f"cannot create a network namespace here: {done.stderr.strip()}"
     subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
     return None
+
+
+def exit_unless_available(benchmark: str) -> None:
+    """Exits with "<benchmark>: <why>" where this machine cannot make a cluster."""
+    reason = cluster_unavailable_reason()
+    if reason:
+        sys.exit(f"{benchmark}: {reason}")
 
 
 def _namespaces() -> list:

@@ -22,9 +22,10 @@ import math
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from absl import app, flags
+
+from benchmarks.tables import write_results
 
 __all__ = ["fit", "summarise"]
 
@@ -95,12 +96,13 @@ def summarise(results: dict) -> str:
 
 
 def _launcher() -> None:
-    from benchmarks.cluster import Cluster, cluster_unavailable_reason
+    from benchmarks.cluster import Cluster, exit_unless_available
 
-    reason = cluster_unavailable_reason()
-    if reason:
-        sys.exit(f"collective_latency: {reason}")
-    workers = sorted(int(k) for k in FLAGS.workers)
+    exit_unless_available("collective_latency")
+    workers = sorted({int(k) for k in FLAGS.workers})
+    if len(workers) < 2 or workers[0] < 2:
+        raise app.UsageError(f"--workers must name at least two worker counts >= 2 (the fit needs them), got "
+                             f"{','.join(FLAGS.workers)}")
     results = {}
     with Cluster(hosts=max(workers), rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
         for k in workers:
@@ -109,13 +111,8 @@ def _launcher() -> None:
             results[str(k)] = cluster.run_json(command, "--json_out", f"K={k}", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
                                                timeout=600)
             print(f"K={k}: " + ", ".join(f"{name} {1e6 * s:.0f} us" for name, s in results[str(k)].items()), flush=True)
-    out_dir = Path(FLAGS.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "collective_latency.json").write_text(json.dumps({"rate": FLAGS.rate, "rounds": FLAGS.rounds,
-                                                                  "medians": results}, indent=1))
-    text = summarise(results)
-    (out_dir / "collective_latency.md").write_text(text + "\n")
-    print(text)
+    write_results(FLAGS.out_dir, "collective_latency", {"rate": FLAGS.rate, "rounds": FLAGS.rounds, "medians": results},
+                  summarise(results))
 
 
 def main(argv):

@@ -94,11 +94,9 @@ def _worker() -> None:
 
 
 def _launch() -> None:
-    from benchmarks.cluster import Cluster, cluster_unavailable_reason
+    from benchmarks.cluster import Cluster, exit_unless_available
 
-    reason = cluster_unavailable_reason()
-    if reason:
-        sys.exit(f"dense_fallback: {reason}")
+    exit_unless_available("dense_fallback")
     with tempfile.TemporaryDirectory() as tmp, Cluster(hosts=FLAGS.hosts, rate=None) as cluster:
         for rate in FLAGS.rates:
             cluster.set_rate(None if rate == "none" else rate)

@@ -23,9 +23,10 @@ exchange_timeline.md into --out_dir.
 import json
 import sys
 import time
-from pathlib import Path
 
 from absl import app, flags
+
+from benchmarks.tables import write_results
 
 __all__ = ["summarise"]
 
@@ -134,11 +135,9 @@ def summarise(record: dict) -> str:
 
 
 def _launcher() -> None:
-    from benchmarks.cluster import Cluster, cluster_unavailable_reason
+    from benchmarks.cluster import Cluster, exit_unless_available
 
-    reason = cluster_unavailable_reason()
-    if reason:
-        sys.exit(f"exchange_timeline: {reason}")
+    exit_unless_available("exchange_timeline")
     with Cluster(hosts=FLAGS.workers, rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
         command = cluster.horovodrun_args(np=FLAGS.workers) + [
             sys.executable, "-m", "benchmarks.exchange_timeline", "--role=worker", f"--steps={FLAGS.steps}",
@@ -146,14 +145,9 @@ def _launcher() -> None:
             f"--check_every={FLAGS.check_every}", f"--last_steps={FLAGS.last_steps}"]
         record = cluster.run_json(command, "--json_out", "the timeline job", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
                                   timeout=1800)
-    out_dir = Path(FLAGS.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"exchange_timeline_{FLAGS.rate}_k{FLAGS.workers}"
-    (out_dir / f"{name}.json").write_text(json.dumps({"workers": FLAGS.workers, "rate": FLAGS.rate,
-                                                      "steps": FLAGS.steps, "record": record}, indent=1))
-    text = summarise(record)
-    (out_dir / f"{name}.md").write_text(text + "\n")
-    print(text)
+    write_results(FLAGS.out_dir, f"exchange_timeline_{FLAGS.rate}_k{FLAGS.workers}",
+                  {"workers": FLAGS.workers, "rate": FLAGS.rate, "steps": FLAGS.steps, "record": record},
+                  summarise(record))
 
 
 def main(argv):

@@ -28,6 +28,8 @@ from pathlib import Path
 
 from absl import app, flags
 
+from benchmarks.tables import write_results
+
 __all__ = ["interface_bytes", "summarise"]
 
 FLAGS = flags.FLAGS
@@ -137,11 +139,9 @@ def summarise(results: dict) -> str:
 
 
 def _launcher() -> None:
-    from benchmarks.cluster import Cluster, cluster_unavailable_reason
+    from benchmarks.cluster import Cluster, exit_unless_available
 
-    reason = cluster_unavailable_reason()
-    if reason:
-        sys.exit(f"sparse_allreduce: {reason}")
+    exit_unless_available("sparse_allreduce")
     workers = sorted(int(k) for k in FLAGS.workers)
     results = {}
     with Cluster(hosts=max(workers), rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
@@ -152,13 +152,9 @@ def _launcher() -> None:
             results[str(k)] = cluster.run_json(command, "--json_out", f"K={k}", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
                                                timeout=1200)
             print(f"K={k}: {results[str(k)]}", flush=True)
-    out_dir = Path(FLAGS.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sparse_allreduce.json").write_text(json.dumps(
-        {"rate": FLAGS.rate, "rounds": FLAGS.rounds, "ratio": FLAGS.ratio, "results": results}, indent=1))
-    text = summarise(results)
-    (out_dir / "sparse_allreduce.md").write_text(text + "\n")
-    print(text)
+    write_results(FLAGS.out_dir, "sparse_allreduce",
+                  {"rate": FLAGS.rate, "rounds": FLAGS.rounds, "ratio": FLAGS.ratio, "results": results},
+                  summarise(results))
 
 
 def main(argv):

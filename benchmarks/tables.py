@@ -7,10 +7,12 @@ the cells read (dicts here).
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
+from pathlib import Path
 
-__all__ = ["machine_header", "markdown_table", "text_table"]
+__all__ = ["machine_header", "markdown_table", "text_table", "write_results"]
 
 
 def machine_header() -> str:
@@ -55,3 +57,13 @@ def markdown_table(columns: list, rows: list, first_left: bool = False) -> str:
     lines = ["| " + " | ".join(h for h, _, _ in columns) + " |", "|" + "|".join(alignments) + "|"]
     lines += ["| " + " | ".join(cell(r) for _, _, cell in columns) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def write_results(out_dir, name: str, record: dict, text: str) -> None:
+    """Writes `record` as `name`.json and the summary `text` as `name`.md into `out_dir` (made if it
+    is missing), and prints the text."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+    (out / f"{name}.md").write_text(text + "\n")
+    print(text)

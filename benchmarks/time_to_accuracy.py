@@ -37,7 +37,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from benchmarks.cluster import Cluster, cluster_unavailable_reason
+from benchmarks.cluster import Cluster, exit_unless_available
 from benchmarks.tta_report import RUNS, plot, summarise
 
 __all__ = []
@@ -95,9 +95,7 @@ def _run_one(cluster, model, rate, config, seed, cache) -> dict:
 
 def main(argv):
     del argv
-    reason = cluster_unavailable_reason()
-    if reason:
-        sys.exit(f"time_to_accuracy: {reason}")
+    exit_unless_available("time_to_accuracy")
     out_dir = Path(FLAGS.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "time_to_accuracy.json"
