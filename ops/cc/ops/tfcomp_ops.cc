@@ -44,17 +44,27 @@ Status GradListLength(InferenceContext* c, int64_t* m) {
   return ::tensorflow::OkStatus();
 }
 
-// Outputs 0 to num_outputs - 1 get grad's shape (input 0), merged with the `num_moments` moment
-// inputs that follow it and the residual (attribute "N": no tensor or one).
-Status AccumulateShapes(InferenceContext* c, int num_moments, int num_outputs) {
+// Outputs 0 to num_outputs - 1 get grad's shape (input 0), merged with the moment inputs that follow
+// it (`moment_names`, num_moments of them) and the residual (attribute "N": no tensor or one); a
+// mismatch names the input.
+Status AccumulateShapes(InferenceContext* c, const char* const* moment_names, int num_moments, int num_outputs) {
   int64_t n;
   TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
   if (n > 1) return ::tensorflow::errors::InvalidArgument("residual must hold no tensor or one, got ", n);
   ShapeHandle shape = c->input(0);
-  for (int i = 1; i <= num_moments + n; ++i) TF_RETURN_IF_ERROR(c->Merge(shape, c->input(i), &shape));
+  for (int i = 1; i <= num_moments + n; ++i) {
+    if (!c->Merge(shape, c->input(i), &shape).ok()) {
+      return ::tensorflow::errors::InvalidArgument(i <= num_moments ? moment_names[i - 1] : "residual",
+                                                   " must have the shape of grad, ", c->DebugString(c->input(0)),
+                                                   ", got ", c->DebugString(c->input(i)));
+    }
+  }
   for (int i = 0; i < num_outputs; ++i) c->set_output(i, shape);
   return ::tensorflow::OkStatus();
 }
+
+constexpr const char* kMomentumNames[] = {"momentum"};
+constexpr const char* kAdamMomentNames[] = {"m", "v"};
 
 }  // namespace
 
@@ -325,7 +335,7 @@ REGISTER_OP("Tfcomp>MomentumAccumulate")
     .Output("accumulated: float")
     .Attr("mu: float")
     .Attr("N: int >= 0 = 0")
-    .SetShapeFn([](InferenceContext* c) { return AccumulateShapes(c, 1, 2); })
+    .SetShapeFn([](InferenceContext* c) { return AccumulateShapes(c, kMomentumNames, 1, 2); })
     .Doc(R"doc(
 Error feedback's accumulation under DGC's momentum correction, in one pass: the new momentum
 u' = mu * u + g and the accumulated gradient r + u', each operation one float32 operation rounded
@@ -356,7 +366,7 @@ REGISTER_OP("Tfcomp>AdamAccumulate")
     .Attr("epsilon: float")
     .Attr("N: int >= 0 = 0")
     .SetShapeFn([](InferenceContext* c) {
-      TF_RETURN_IF_ERROR(AccumulateShapes(c, 2, 3));
+      TF_RETURN_IF_ERROR(AccumulateShapes(c, kAdamMomentNames, 2, 3));
       int64_t n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       TF_RETURN_IF_ERROR(RequireRank(c, 3 + n, "m_correction", 0));
