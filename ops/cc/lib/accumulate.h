@@ -111,8 +111,9 @@ inline bool Aligned16(const float* p) { return reinterpret_cast<uintptr_t>(p) % 
 #endif
 
 // MomentumAccumulateAt for every i in [begin, end), four elements at a time where the machine has
-// SSE2 (its multiply and add round as the scalar ones do; the new momentum written by non-temporal
-// stores).
+// SSE2 (its multiply and add round as the scalar ones do). The new momentum is written by
+// non-temporal stores where the accumulated gradient is a tensor of its own: the encode reads that
+// one next, and the momentum only in the next step.
 inline void MomentumAccumulateRange(int64_t begin, int64_t end, const float* grad, const float* momentum,
                                     const float* residual, float mu, float* new_momentum, float* accumulated) {
   int64_t i = begin;
