@@ -118,8 +118,8 @@ cudaError_t MomentumAccumulate(const float* grad, const float* momentum, const f
                                float* new_momentum, float* accumulated, cudaStream_t stream);
 
 // adam_accumulate: AdamAccumulateAt for every i < size, with the bias corrections *m_correction and
-// *v_correction (device scalars) in place of the constants' own; residual and accumulated may be
-// null. Needs no scratch.
+// *v_correction (device scalars) in place of the constants' own; residual may be null. Needs no
+// scratch.
 cudaError_t AdamAccumulate(const float* grad, const float* m, const float* v, const float* residual, int64_t size,
                            AdamCoefficients constants, const float* m_correction, const float* v_correction,
                            float* new_m, float* new_v, float* accumulated, cudaStream_t stream);

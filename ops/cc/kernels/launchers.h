@@ -90,7 +90,7 @@ struct HashPartitionLauncher;
 
 // momentum_accumulate and adam_accumulate: the tensors of one call, float32 [size] each, checked
 // (moments: the momentum, or Adam's m and v); residual null where there is none, accumulated null
-// where it is the new momentum itself (no residual).
+// where it is the new momentum itself (momentum correction, no residual).
 struct AccumulateTensors {
   int64_t size = 0;
   const float* grad = nullptr;

@@ -80,8 +80,8 @@ TFCOMP_HOST_DEVICE inline void MomentumAccumulateAt(int64_t i, const float* grad
 
 // Element i of the Adam correction: m' = beta_1 m + (1 - beta_1) g and v' = beta_2 v + (1 - beta_2) g^2,
 // written to new_m and new_v, and the accumulated gradient r + d (d where residual is null), written to
-// accumulated (unless null), of Adam's bias-corrected direction d = (m' / (1 - beta_1^t)) /
-// (sqrt(v' / (1 - beta_2^t)) + epsilon).
+// accumulated, of Adam's bias-corrected direction d = (m' / (1 - beta_1^t)) / (sqrt(v' / (1 - beta_2^t))
+// + epsilon).
 TFCOMP_HOST_DEVICE inline void AdamAccumulateAt(int64_t i, const float* grad, const float* m, const float* v,
                                                 const float* residual, const AdamCoefficients& c, float* new_m,
                                                 float* new_v, float* accumulated) {
@@ -92,13 +92,13 @@ TFCOMP_HOST_DEVICE inline void AdamAccumulateAt(int64_t i, const float* grad, co
   new_v[i] = v1;
   const float direction = RoundedDiv(RoundedDiv(m1, c.m_correction),
                                      RoundedAdd(RoundedSqrt(RoundedDiv(v1, c.v_correction)), c.epsilon));
-  if (accumulated != nullptr) accumulated[i] = residual == nullptr ? direction : RoundedAdd(residual[i], direction);
+  accumulated[i] = residual == nullptr ? direction : RoundedAdd(residual[i], direction);
 }
 
 #if !defined(__CUDACC__)
 #if defined(__SSE2__)
 // Stores four floats at p: by a non-temporal store where `stream` (p 16-byte aligned), which skips
-// reading the line first, for the new moments that nothing reads again in the step.
+// reading the line first, for a new momentum that nothing reads again in the step.
 inline void StoreFour(float* p, __m128 x, bool stream) {
   if (stream) {
     _mm_stream_ps(p, x);
@@ -153,10 +153,7 @@ inline void AdamAccumulateRange(int64_t begin, int64_t end, const float* grad, c
     _mm_storeu_ps(new_v + i, v1);
     const __m128 direction = _mm_div_ps(_mm_div_ps(m1, m_correction),
                                         _mm_add_ps(_mm_sqrt_ps(_mm_div_ps(v1, v_correction)), epsilon));
-    if (accumulated != nullptr) {
-      _mm_storeu_ps(accumulated + i,
-                    residual == nullptr ? direction : _mm_add_ps(_mm_loadu_ps(residual + i), direction));
-    }
+    _mm_storeu_ps(accumulated + i, residual == nullptr ? direction : _mm_add_ps(_mm_loadu_ps(residual + i), direction));
   }
 #endif
   for (; i < end; ++i) AdamAccumulateAt(i, grad, m, v, residual, c, new_m, new_v, accumulated);

@@ -84,11 +84,10 @@ inline bool ForEachSelected(const typename Format::Bits* g, int64_t begin, int64
 }
 
 // Writes block[j] and sum[j] = bits of g[j] + r[j] for j in [0, 16) and returns the mask of the
-// selected sums. With kStream (sum + 16-byte aligned), sum is written by non-temporal stores, which
-// skip reading its cache lines first: the sum is not read again in the pass (error feedback keeps it
-// as the residual and clears k of its elements), so a plain store's read for ownership would add a
+// selected sums. With SSE2, sum (16-byte aligned) is written by non-temporal stores, which skip
+// reading its cache lines first: the sum is not read again in the pass (error feedback keeps it as
+// the residual and clears k of its elements), so a plain store's read for ownership would add a
 // third stream of reads to the two the sum needs. The caller fences the stores (_mm_sfence).
-template <bool kStream>
 inline uint32_t SumAndSelectedMask16(const uint32_t* g, const uint32_t* r, uint32_t* sum, uint32_t* block,
                                      uint32_t threshold_key) {
 #if defined(__SSE2__)
@@ -97,11 +96,7 @@ inline uint32_t SumAndSelectedMask16(const uint32_t* g, const uint32_t* r, uint3
     const __m128 b = _mm_loadu_ps(reinterpret_cast<const float*>(r + 4 * q));
     const __m128 s = _mm_add_ps(a, b);
     _mm_storeu_ps(reinterpret_cast<float*>(block + 4 * q), s);
-    if constexpr (kStream) {
-      _mm_stream_ps(reinterpret_cast<float*>(sum + 4 * q), s);
-    } else {
-      _mm_storeu_ps(reinterpret_cast<float*>(sum + 4 * q), s);
-    }
+    _mm_stream_ps(reinterpret_cast<float*>(sum + 4 * q), s);
   }
 #else
   for (int j = 0; j < 16; ++j) sum[j] = block[j] = SumBits(g[j], r[j]);
@@ -109,24 +104,10 @@ inline uint32_t SumAndSelectedMask16(const uint32_t* g, const uint32_t* r, uint3
   return SelectedMask16<Float32Format>(block, threshold_key);
 }
 
-// The blocks of 16 of ForEachSelectedSum: [begin, end) with end - begin a multiple of 16.
-template <bool kStream, class Visit>
-inline void ForEachSelectedSumBlocks(const uint32_t* g, const uint32_t* r, uint32_t* sum, int64_t begin, int64_t end,
-                                     uint32_t threshold_key, Visit& visit) {
-  uint32_t block[16];
-  for (int64_t i = begin; i < end; i += 16) {
-    for (uint32_t mask = SumAndSelectedMask16<kStream>(g + i, r + i, sum + i, block, threshold_key); mask != 0;
-         mask &= mask - 1) {
-      const int j = __builtin_ctz(mask);
-      visit(i + j, block[j]);
-    }
-  }
-}
-
 // ForEachSelected over s = g + r (float32, element by element), which it writes to sum: visit(i,
 // bits of s[i]) for every selected i in [begin, end), in increasing order. Error feedback's
-// gradient plus residual thus costs one pass that reads both and writes the sum (by non-temporal
-// stores from the first 16-byte boundary of sum on, where the machine has them).
+// gradient plus residual thus costs one pass that reads both and writes the sum (with SSE2 by
+// non-temporal stores, blocks of 16 from the first 16-byte boundary of sum on).
 template <class Visit>
 inline void ForEachSelectedSum(const uint32_t* g, const uint32_t* r, uint32_t* sum, int64_t begin, int64_t end,
                                uint32_t threshold_key, Visit&& visit) {
@@ -138,20 +119,20 @@ inline void ForEachSelectedSum(const uint32_t* g, const uint32_t* r, uint32_t* s
     }
   };
 #if defined(__SSE2__)
-  const int64_t misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(sum + i) % 16) / sizeof(uint32_t));
-  scalar_until(std::min(end, i + (misaligned == 0 ? 0 : 4 - misaligned)));
-  const int64_t blocks_end = i + (end - i) / 16 * 16;
-  if (reinterpret_cast<uintptr_t>(sum + i) % 16 == 0) {  // always, unless sum is not 4-byte aligned
-    ForEachSelectedSumBlocks<true>(g, r, sum, i, blocks_end, threshold_key, visit);
-    _mm_sfence();
-  } else {
-    ForEachSelectedSumBlocks<false>(g, r, sum, i, blocks_end, threshold_key, visit);
-  }
-#else
-  const int64_t blocks_end = i + (end - i) / 16 * 16;
-  ForEachSelectedSumBlocks<false>(g, r, sum, i, blocks_end, threshold_key, visit);
+  const int64_t past_boundary = static_cast<int64_t>(reinterpret_cast<uintptr_t>(sum + i) % 16 / sizeof(uint32_t));
+  scalar_until(std::min(end, i + (4 - past_boundary) % 4));
 #endif
-  i = blocks_end;
+  uint32_t block[16];
+  for (; i + 16 <= end; i += 16) {
+    for (uint32_t mask = SumAndSelectedMask16(g + i, r + i, sum + i, block, threshold_key); mask != 0;
+         mask &= mask - 1) {
+      const int j = __builtin_ctz(mask);
+      visit(i + j, block[j]);
+    }
+  }
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
   scalar_until(end);
 }
 
