@@ -51,13 +51,17 @@ def test_dequantize_matches_reference_on_any_lanes(rng, bits, levels, size):
 @pytest.mark.parametrize("bits, workers", [(4, 7), (8, 2), (8, 127), (16, 3)])
 def test_summed_lanes_dequantize_to_the_summed_levels(rng, bits, workers):
     """Lanes of K workers summed in int32 (the allreduce) unpack to the sum of their levels exactly,
-    also where every worker sits at +-levels (the largest sums the fields hold)."""
+    also where every worker sits at +-levels (the largest sums the fields hold).
+
+    The negative extremes lie 1/256 beyond -scale and are clamped: at exactly -scale, -levels + u
+    rounds in float32 to -levels + 1 when the noise u is within half a spacing of 1 (at 16 bits a
+    spacing is 2^-10), which is the op's float32 stochastic rounding, not an overflow."""
     levels = (2 ** (bits - 1) - 1) // workers
     size = 1003
     grads = [random_gradient(rng, (size,), np.float32) for _ in range(workers)]
     scale = np.float32(max(np.max(np.abs(g)) for g in grads))
     for g in grads:
-        g[:50] = scale * np.where(np.arange(50) % 2, 1, -1)
+        g[:50] = np.where(np.arange(50) % 2, scale, -scale * np.float32(1 + 2**-8))
     seed = int(rng.integers(2**40))
     lanes = [ops.int_quantize(g, scale, seed + w, bits, levels).numpy().astype(np.int64) for w, g in enumerate(grads)]
     total = np.sum(lanes, axis=0)
