@@ -253,6 +253,26 @@ def hash_partition(values: np.ndarray, indices: np.ndarray, num_parts: int):
     return rows.reshape(-1, 2), np.bincount(owners, minlength=num_parts).astype(np.int32)
 
 
+def sum_pairs(rows: np.ndarray, max_pairs: int = -1) -> np.ndarray:
+    """int32 [m, 2]: each distinct index of rows (int32 [n, 2], index and float32 bits) with the
+    bits of the sum of its values in row order, at most max_pairs (-1: all) kept, the largest
+    |sum| first (NaN above Inf, by the bits of |sum|), ties to the lower index; ascending index order."""
+    sums = {}
+    with np.errstate(invalid="ignore", over="ignore"):
+        for index, bits in rows.astype(np.int32).reshape(-1, 2):
+            value = np.array(bits, np.int32).view(np.float32)
+            sums[int(index)] = value if int(index) not in sums else np.float32(sums[int(index)] + value)
+    indices = np.array(sorted(sums), np.int64)
+    bits = np.array([np.float32(sums[i]).view(np.int32) for i in indices], np.int32).reshape(-1)
+    if 0 <= max_pairs < indices.size:
+        magnitude = (bits.astype(np.int64) & 0x7FFFFFFF)
+        kept = np.lexsort((indices, -magnitude))[:max_pairs]
+        keep = np.zeros(indices.size, bool)
+        keep[kept] = True
+        indices, bits = indices[keep], bits[keep]
+    return np.stack([indices.astype(np.int32), bits], axis=1).reshape(-1, 2)
+
+
 REFERENCES = {
     "estimate_threshold": estimate_threshold,
     "dragonn_compress": dragonn_compress,

@@ -41,6 +41,7 @@ __all__ = [
     "load_library",
     "momentum_accumulate",
     "sparse_batched_decode",
+    "sum_pairs",
     "time_after",
     "topk_compress",
     "zero_at",
@@ -55,7 +56,7 @@ MAX_LENGTH = _INT32_MAX  # the longest gradient, payload or dense output: indice
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode", "ZeroAt",
-            "HashPartition", "TimeAfter", "MomentumAccumulate", "AdamAccumulate"):
+            "HashPartition", "SumPairs", "TimeAfter", "MomentumAccumulate", "AdamAccumulate"):
     tf.no_gradient("Tfcomp>" + _op)
 
 
@@ -220,16 +221,17 @@ def _parts(grad, addend) -> tuple:
     return grads, addends, as_list
 
 
-def _indices(value):
-    """indices: a tensor goes to the kernel (int32, each in [-1, size)); an array or list must hold
-    integers that fit int32 (TensorFlow's conversion would wrap them silently), returned as int32."""
+def _indices(value, name: str = "indices"):
+    """indices (or another int32 argument `name`): a tensor goes to the kernel, which checks it; an
+    array or list must hold integers that fit int32 (TensorFlow's conversion would truncate floats
+    and wrap large integers silently), returned as int32."""
     if tf.is_tensor(value):
         return value
     array = np.asarray(value)
     if array.size == 0:  # NumPy makes [] a float64 array
         return array.astype(np.int32)
-    _check_kind("indices", array, ("int",), "integers (int32)")
-    _check_array_range("indices", array, _INT32_MIN, _INT32_MAX)
+    _check_kind(name, array, ("int",), "integers (int32)")
+    _check_array_range(name, array, _INT32_MIN, _INT32_MAX)
     return array.astype(np.int32)
 
 
@@ -396,6 +398,32 @@ def hash_partition(values, indices, num_parts: int, name: str | None = None):
     """
     num_parts = _check_int("num_parts", num_parts, 1, _INT32_MAX)
     return load_library().tfcomp_hash_partition(values, _indices(indices), num_parts=num_parts, name=name)
+
+
+def sum_pairs(rows, max_pairs: int | None = None, name: str | None = None) -> tf.Tensor:
+    """The owner's step of the hash-partitioned sparse allreduce: the (index, value) rows every
+    worker sent to this owner (`hash_partition`'s rows, after Horovod's alltoall) summed per index,
+    at most `max_pairs` of the sums kept.
+
+    Each sum adds its index's values in row order, one float32 rounding per addition. The kept sums
+    are the largest in magnitude (NaN above +Inf above every finite value; of equal magnitudes, the
+    lower index's).
+
+    Args:
+      rows: int32 [n, 2], (index >= 0, the float32 bits of a value) per row; a negative index is an
+        InvalidArgument error. An array or list must hold integers that fit int32.
+      max_pairs: None to keep every sum, or a Python int in [0, 2^31 - 1].
+      name: optional op name.
+
+    Returns:
+      int32 [m, 2]: (index, the float32 bits of the sum of its values) of the m kept distinct
+      indices (m = min(max_pairs, distinct indices)), in ascending index order.
+
+    Raises:
+      TypeError, ValueError: max_pairs of the wrong type or out of range.
+    """
+    max_pairs = -1 if max_pairs is None else _check_int("max_pairs", max_pairs, 0, _INT32_MAX)
+    return load_library().tfcomp_sum_pairs(_indices(rows, "rows"), max_pairs=max_pairs, name=name)
 
 
 def _check_bits(bits) -> int:

@@ -592,7 +592,7 @@ class StepGraph:
         flag) of each bucket, `sizes` elements each; joined in one index space, each bucket at the
         sum of the sizes before it): every worker's pairs go to the owner of their index
         (`ops.hash_partition`) by one alltoall; each owner sums its pairs per index and keeps at most
-        its budget of sums, the largest in magnitude (`compressor.owner_budget`); one allgather
+        its budget of sums, the largest in magnitude (`ops.sum_pairs`, `compressor.owner_budget`); one allgather
         shares the owners' sums, each with a row (index -1) carrying its worker's flag, NaN where
         set, so that every rank voids the buckets alike. Returns (`_Partitioned`, each bucket's offset)."""
         num_workers = self.collectives.size
@@ -606,15 +606,9 @@ class StepGraph:
         rows, splits = ops.hash_partition(values, indices, num_workers)
         self._count_sent(tensor_bytes(rows))
         received, _ = self.collectives.alltoall(rows, splits)
-        owned, position = tf.unique(received[:, 0])
-        sums = tf.math.unsorted_segment_sum(tf.bitcast(received[:, 1], tf.float32), position, tf.size(owned))
         budget = self.compressor.owner_budget(sum(int(w[1].shape[0]) for w in wires), num_workers)
-        if budget is not None:
-            magnitude = tf.where(tf.math.is_nan(sums), float("inf"), tf.abs(sums))
-            largest = tf.math.top_k(magnitude, tf.minimum(budget, tf.size(sums)), sorted=False).indices
-            owned, sums = tf.gather(owned, largest), tf.gather(sums, largest)
         flag = tf.bitcast(tf.where(flagged, float("nan"), 0.0), tf.int32)
-        mine = tf.concat([tf.stack([owned, tf.bitcast(sums, tf.int32)], axis=1),
+        mine = tf.concat([ops.sum_pairs(received, None if budget is None else min(budget, ops.MAX_LENGTH)),
                           tf.reshape(tf.stack([tf.constant(-1, tf.int32), flag]), [1, 2])], axis=0)
         self._count_sent(tensor_bytes(mine))
         gathered, = self.collectives.allgather([mine])

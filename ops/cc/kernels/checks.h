@@ -139,6 +139,22 @@ inline ::tensorflow::Status CheckDecodePairs(const ::tensorflow::Tensor& values,
   return ::tensorflow::OkStatus();
 }
 
+// sum_pairs's rows: int32 [n, 2], (index, float32 bits) per row.
+inline ::tensorflow::Status CheckPairRows(const ::tensorflow::Tensor& rows) {
+  if (rows.dims() != 2 || rows.dim_size(1) != 2) {
+    return ::tensorflow::errors::InvalidArgument("rows must have shape [n, 2], got shape ", rows.shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// sum_pairs's max_pairs: -1 (keep every sum) or a length.
+inline ::tensorflow::Status CheckMaxPairs(int64_t max_pairs) {
+  if (max_pairs < -1) {
+    return ::tensorflow::errors::InvalidArgument("max_pairs must be -1 (keep every sum) or >= 0, got ", max_pairs);
+  }
+  return CheckLengthAttr("max_pairs", max_pairs);
+}
+
 // sparse_batched_decode: pair `position` holds `index`, outside [-1, size).
 inline ::tensorflow::Status BadDecodeIndex(int64_t position, int64_t index, int64_t size) {
   return ::tensorflow::errors::InvalidArgument("indices[", position, "] = ", index, " is out of range for size ", size,

@@ -88,6 +88,14 @@ struct IntDequantizeLauncher;
 template <typename Device>
 struct HashPartitionLauncher;
 
+// sum_pairs: allocates output 0 (int32 [m, 2]) and fills it with the distinct indices of rows
+// (int32 [n, 2]: index, float32 bits; shape checked) and the bits of the sums of their values in row
+// order, at most max_pairs of them (-1: all; SelectionKey chooses), in ascending index order. The
+// first row whose index is negative is reported in *bad_row and *bad_index (*bad_row = -1 when there
+// is none); nothing is allocated then.
+template <typename Device>
+struct SumPairsLauncher;
+
 // momentum_accumulate and adam_accumulate: the tensors of one call, float32 [size] each, checked
 // (moments: the momentum, or Adam's m and v); residual null where there is none, accumulated null
 // where it is the new momentum itself (momentum correction, no residual).
@@ -162,6 +170,14 @@ struct HashPartitionLauncher<GpuDevice> {
 
  private:
   mutable std::vector<int64_t> cursors_;  // [chunk * num_parts + owner], from Count
+};
+
+// sum_pairs on the GPU waits for the device once: the first negative row and the number of distinct
+// indices (which decides the output's shape) are read back before the output is allocated.
+template <>
+struct SumPairsLauncher<GpuDevice> {
+  ::tensorflow::Status operator()(::tensorflow::OpKernelContext* context, const ::tensorflow::Tensor& rows,
+                                  int64_t max_pairs, int64_t* bad_row, int32_t* bad_index) const;
 };
 
 template <>

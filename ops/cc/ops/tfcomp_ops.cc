@@ -327,6 +327,36 @@ rows: [n, 2] int32: (index, the float32 bits of its value) of the n pairs with i
 splits: [num_parts] int32: how many rows each owner gets.
 )doc");
 
+REGISTER_OP("Tfcomp>SumPairs")
+    .Input("rows: int32")
+    .Output("sums: int32")
+    .Attr("max_pairs: int = -1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle rows;
+      ::tensorflow::shape_inference::DimensionHandle width;
+      if (!c->WithRank(c->input(0), 2, &rows).ok() || !c->WithValue(c->Dim(rows, 1), 2, &width).ok()) {
+        return ::tensorflow::errors::InvalidArgument("rows must have shape [n, 2], got shape ",
+                                                     c->DebugString(c->input(0)));
+      }
+      int64_t max_pairs;
+      TF_RETURN_IF_ERROR(c->GetAttr("max_pairs", &max_pairs));
+      TF_RETURN_IF_ERROR(CheckMaxPairs(max_pairs));
+      c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, 2));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc(R"doc(
+The owner's step of the hash-partitioned sparse allreduce: the rows every worker sent to this
+owner (hash_partition's, after Horovod's alltoall) summed per index, at most max_pairs of the sums
+kept, the largest in magnitude (NaN above +Inf above every finite value; equal magnitudes to the
+lower index). Each sum adds the values in row order, one float32 rounding per addition.
+
+rows: [n, 2] int32, (index >= 0, the float32 bits of a value) per row; a negative index is an
+  InvalidArgument error.
+max_pairs: -1 to keep every sum, else at most this many.
+sums: [m, 2] int32, (index, the float32 bits of the sum of its values) for the m kept distinct
+  indices, in ascending index order.
+)doc");
+
 REGISTER_OP("Tfcomp>MomentumAccumulate")
     .Input("grad: float")
     .Input("momentum: float")
