@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
-from benchmarks.tables import machine_header, markdown_table, text_table
+from benchmarks.tables import machine_header, print_table
 from benchmarks.timing import shuffled_medians
 
 __all__ = []
@@ -135,11 +135,7 @@ def main(argv):
     header = (f"{machine_header()}; one inter-op thread; gradient {FLAGS.rows}x{FLAGS.cols} float32 "
               f"in {FLAGS.tensors} tensor(s) of one bucket, correction {FLAGS.correction}, "
               f"K = {FLAGS.workers} (LocalCollectives); median ms of {FLAGS.repeats} interleaved rounds")
-    print(header)
-    print(text_table(_COLUMNS, rows))
-    if FLAGS.markdown_out:
-        with open(FLAGS.markdown_out, "w") as out:
-            out.write(f"{header}\n\n{markdown_table(_COLUMNS, rows)}\n")
+    print_table(header, _COLUMNS, rows, FLAGS.markdown_out)
 
 
 if __name__ == "__main__":

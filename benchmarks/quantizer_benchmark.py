@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
-from benchmarks.tables import machine_header, markdown_table, text_table
+from benchmarks.tables import machine_header, print_table
 from benchmarks.timing import shuffled_medians
 
 __all__ = []
@@ -91,11 +91,7 @@ def main(argv):
             for name, (_, _, wire) in quantisers.items()]
     header = (f"{machine_header()}; one inter-op thread; {FLAGS.elements} float32 elements, K = {FLAGS.workers}; "
               f"median ms of {FLAGS.repeats} interleaved rounds; add pass {add:.2f} ms")
-    print(header)
-    print(text_table(_COLUMNS, rows))
-    if FLAGS.markdown_out:
-        with open(FLAGS.markdown_out, "w") as out:
-            out.write(f"{header}\n\n{markdown_table(_COLUMNS, rows)}\n")
+    print_table(header, _COLUMNS, rows, FLAGS.markdown_out)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,16 @@ def markdown_table(columns: list, rows: list, first_left: bool = False) -> str:
     return "\n".join(lines)
 
 
+def print_table(header: str, columns: list, rows: list, markdown_out=None) -> None:
+    """Prints `header` and the text table; with `markdown_out` (a path), also writes both there as
+    Markdown (the kernel benchmarks' ending)."""
+    print(header)
+    print(text_table(columns, rows))
+    if markdown_out:
+        with open(markdown_out, "w") as out:
+            out.write(f"{header}\n\n{markdown_table(columns, rows)}\n")
+
+
 def write_results(out_dir, name: str, record: dict, text: str) -> None:
     """Writes `record` as `name`.json and the summary `text` as `name`.md into `out_dir` (made if it
     is missing), and prints the text."""
