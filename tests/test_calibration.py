@@ -121,6 +121,9 @@ def test_measured_compression_is_a_positive_affine_fit(tensor_elements):
     assert figures.fixed >= 0
     assert fit(2**16) > fit(2**12)
     assert figures.explained  # nothing communicated, nothing subtracted
+    # The partitioned and AR-Topk probes ran: a difference of medians of timings, exactly 0 only if
+    # not measured (its sign and size are the machine's).
+    assert figures.partitioned_per_slot != 0.0 and figures.artopk_per_slot != 0.0
     applied = figures.apply(cm.ClusterModel.unpriced(2))
     assert (applied.encode_decode, applied.compression_per_tensor, applied.merge_per_element,
             applied.compression_fixed) == tuple(figures)[:4]
@@ -192,6 +195,9 @@ def test_probes_compress_with_the_costs_settings_only(monkeypatch):
 MERGED_FALLBACK = calibration._merge_probe(2**20)  # 2^20 elements as 8 tensors
 
 
+SLOTS = 2**20 // 100  # the largest probe's payload slots (DRAGONN 0.01)
+
+
 def probe_times(rng, seconds_of_size, merged=MERGED_FALLBACK, merged_extra=0.0, rounds=10):
     """Synthetic probe times {name: [rounds]} for the probes of a largest size of 2^20 elements
     (each `seconds_of_size` of its elements, +-2 %), with the merge probe of tensors `merged`
@@ -208,16 +214,16 @@ def test_whole_times_that_do_not_grow_with_size_still_price_every_element(rng):
     # A machine so loaded that every probe took about 23 ms whatever its size (seen in CI; here
     # the larger ones a little less, so that the fitted slope is 0).
     sizes, times = probe_times(rng, lambda n: 0.024 - 1e-9 * n)
-    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=False)
+    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=False, slots=SLOTS)
     largest = float(np.median(times[2**20]))
     assert figures.encode_decode.c1 == pytest.approx(largest / 2**20)
     assert figures.encode_decode(2**20) + figures.fixed >= largest  # an upper bound
     # Explained times are fitted as they are: a slope of 0 is what the caller rejects.
-    explained = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=True)
+    explained = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=True, slots=SLOTS)
     assert explained.encode_decode.c1 == 0.0
     # Times that do grow keep their fitted slope.
     sizes, times = probe_times(rng, lambda n: 0.002 + 1e-8 * n)
-    grown = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=False)
+    grown = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=False, slots=SLOTS)
     assert grown.encode_decode.c1 == pytest.approx(1e-8, rel=0.1)
 
 
@@ -241,9 +247,27 @@ def test_merge_cost_is_what_the_own_bucket_adds_beyond_its_per_tensor_costs(rng,
     sizes, times = probe_times(rng, lambda n: 0.001 + 1e-8 * n, tuple(tensors), extra)
     tensors_in_probe = calibration._PER_TENSOR_PROBE_TENSORS  # the per-tensor probe: that many tensors against one
     times["many"] = times[2**16] + (tensors_in_probe - 1) * per_tensor
-    figures = calibration._compression_figures(times, sizes, 2**20, tuple(tensors), explained=True)
+    figures = calibration._compression_figures(times, sizes, 2**20, tuple(tensors), explained=True, slots=SLOTS)
     assert figures.per_tensor == pytest.approx(per_tensor)
     assert figures.merge_per_element == pytest.approx(merge)
+
+
+def test_other_strategies_are_priced_per_slot_by_what_they_add_to_the_allgathers_probe(rng):
+    """partitioned and artopk: the median, round by round, of their probe's time less the
+    allgather's at the largest size, per payload slot; signed (a strategy may save work); 0
+    where they were not probed (compressors without them)."""
+    sizes, times = probe_times(rng, lambda n: 0.001 + 1e-8 * n)
+    assert calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=True,
+                                            slots=SLOTS)[-2:] == (0.0, 0.0)
+    added, saved = float(rng.uniform(1e-4, 1e-2)), float(rng.uniform(1e-4, 1e-3))
+    times["partitioned"] = times[2**20] + added * rng.uniform(0.9, 1.1, times[2**20].size)
+    times["artopk"] = times[2**20] - saved
+    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=True, slots=SLOTS)
+    assert figures.partitioned_per_slot == pytest.approx(added / SLOTS, rel=0.1)
+    assert figures.artopk_per_slot == pytest.approx(-saved / SLOTS)
+    model = figures.apply(calibration.ClusterModel.unpriced(4))
+    assert (model.partitioned_per_slot, model.artopk_per_slot) == (figures.partitioned_per_slot, figures.artopk_per_slot)
+    assert calibration.CompressionFigures.of(model) == figures
 
 
 def global_process_set():

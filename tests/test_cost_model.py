@@ -126,7 +126,8 @@ def random_cluster(rng) -> cm.ClusterModel:
                            cm.Network(float(rng.uniform(0, 1e-2)), float(rng.uniform(1e6, 1e11))),
                            cm.AffineCost(float(rng.uniform(0, 1e-2)), float(rng.uniform(0, 1e-8))),
                            float(rng.uniform(0, 1e-4)), float(rng.uniform(0, 1e-4)), float(rng.uniform(0, 1e-9)),
-                           float(rng.uniform(0, 1e-3)))
+                           float(rng.uniform(0, 1e-3)), partitioned_per_slot=float(rng.uniform(-1e-7, 1e-7)),
+                           artopk_per_slot=float(rng.uniform(-1e-7, 1e-7)))
 
 
 FIELDS = ["workers", *cm.CLUSTER_LIMITS]  # the order of to_list
@@ -138,7 +139,9 @@ def test_absurd_figures_are_refused_naming_the_field(rng, field):
     good = random_cluster(rng).to_list()
     position = FIELDS.index(field)
     above = cm.CLUSTER_LIMITS[field][1] * float(rng.uniform(1.01, 1e6)) if field != "workers" else 2.0**31
-    for bad in ABSURD + [above, 10**400] + ([0, 0.0, 2.5, -3] if field == "workers" else []):
+    low = cm.CLUSTER_LIMITS[field][0] if field != "workers" else 1
+    below = [low - 1e-9] if low == 0 else [low * float(rng.uniform(1.01, 1e6))]  # signed fields: below their least
+    for bad in [b for b in ABSURD if b != -1e-9] + below + [above, 10**400] + ([0, 0.0, 2.5, -3] if field == "workers" else []):
         figures = list(good)
         figures[position] = bad
         with pytest.raises(ValueError) as caught:
@@ -189,13 +192,13 @@ def test_cluster_model_fields_must_have_their_types():
         cm.ClusterModel(2, net, net, None)
 
 
-def test_from_list_needs_eleven_numbers_and_round_trips(rng):
+def test_from_list_needs_thirteen_numbers_and_round_trips(rng):
     model = random_cluster(rng)
     assert cm.ClusterModel.from_list(model.to_list()) == model
     assert cm.ClusterModel.from_list(np.array(model.to_list())) == model
     assert model.validate() is model
-    length = int(rng.choice([0, 1, 10, 12, 40]))
-    with pytest.raises(ValueError, match=rf"ClusterModel figures must be 11 numbers \(workers, .*\), got {length}"):
+    length = int(rng.choice([0, 1, 11, 12, 14, 40]))
+    with pytest.raises(ValueError, match=rf"ClusterModel figures must be 13 numbers \(workers, .*\), got {length}"):
         cm.ClusterModel.from_list([1.0] * length)
     # The extremes still allowed: what no measurement prices (UNMEASURED), latency 0.
     assert cm.ClusterModel.unpriced(int(rng.integers(1, 2**31 - 1))).allreduce == cm.UNMEASURED
@@ -230,3 +233,4 @@ def test_overlap_slowdown_is_validated_and_left_out_of_the_list(rng):
     for bad in (0.5, 0.0, -2.0, math.nan, math.inf, cm.MAX_OVERLAP_SLOWDOWN * 1.01, True, "2", None):
         with pytest.raises(ValueError, match=r"ClusterModel.overlap_slowdown must be a finite number in \[1, 20\]"):
             dataclasses.replace(model, overlap_slowdown=bad)
+

@@ -333,3 +333,24 @@ def test_overlap_slowdown_prices_only_transfers_beside_the_backward_pass():
                               ready_seconds=ready)
     assert not fast.compressed and slow.compressed
     assert "transfers 10.00x slower during the backward pass" in slow.table()
+
+
+@pytest.mark.parametrize("strategy, field", [("partitioned", "partitioned_per_slot"), ("artopk", "artopk_per_slot")])
+def test_a_strategys_per_slot_figure_prices_its_work_beside_the_allgathers(rng, strategy, field):
+    """Its compression is the allgather's plus the figure times the payload's slots (signed, never
+    below 0); the other strategies' compression is unchanged."""
+    elements, compressor = int(rng.integers(10**5, 10**7)), tfcomp.DRAGONN(0.01)
+    slots = compressor.payload_length(elements)
+    base = dataclasses.replace(cluster(), workers=8, partitioned_per_slot=0.0, artopk_per_slot=0.0)
+    plain = {s: cm.strategy_time(s, elements, compressor, base).compression for s in ("allgather", strategy)}
+    assert plain[strategy] == pytest.approx(plain["allgather"])
+    per_slot = float(rng.uniform(1e-9, 1e-7))
+    for sign in (1, -1):
+        priced = dataclasses.replace(base, **{field: sign * per_slot})
+        times = {s: cm.strategy_time(s, elements, compressor, priced).compression for s in cm.STRATEGIES
+                 if s in cm.available_strategies(compressor)}
+        assert times[strategy] == pytest.approx(max(plain["allgather"] + sign * per_slot * slots, 0.0))
+        assert {s: t for s, t in times.items() if s != strategy} == {
+            s: cm.strategy_time(s, elements, compressor, base).compression for s in times if s != strategy}
+    huge_saving = dataclasses.replace(base, **{field: -1.0})
+    assert cm.strategy_time(strategy, elements, compressor, huge_saving).compression == 0.0

@@ -12,7 +12,10 @@
     with the residual, encode, local decode, new residual, the real collective, decode of all K
     workers' payloads) less the collective's modelled time, at sizes from 2^12 up to the largest
     bucket (at most 2^22); the merge cost from a bucket of the gradients' own tensors
-    (`tensor_elements`) where they are few and small enough. Where that modelled time does not fit
+    (`tensor_elements`) where they are few and small enough; for the sparsifiers, what the
+    partitioned allreduce's and AR-Topk's work (partition and owner sums; the values at one
+    owner's indices) adds to or saves from the allgather's (the decode of K payloads), per slot,
+    from the largest probe run with each. Where that modelled time does not fit
     the measured ones (the network was measured in a slow spell), network and compression are
     measured once more; if they still do not fit, compression is priced at the probes' whole times
     (an upper bound);
@@ -92,6 +95,9 @@ _OWN_MERGE_PROBE_ELEMENTS = (_PER_TENSOR_PROBE_ELEMENTS, _ENCODE_SIZES[-1])
 _SHORT_PROBE_ROUNDS = 7
 _LONG_PROBE_ROUNDS = 3
 _MIN_LARGEST_PROBE = 2**20
+# The sparsifiers' other strategies, probed at the largest size beside the allgather: what their
+# work adds per payload slot (ClusterModel.partitioned_per_slot, artopk_per_slot).
+_OTHER_STRATEGY_PROBES = ("partitioned", "artopk")
 _TINY_BYTES = 4.0  # the tiny collectives send one float32
 _MIN_TRANSFER_SECONDS = 1e-6  # the least transfer time a fit accepts (a finite bandwidth)
 _MEASUREMENT_ATTEMPTS = 2  # network and compression measured again once when they do not fit together
@@ -259,7 +265,7 @@ def cost_settings(compressor):
     warm-up (whose dense steps the probes would otherwise time instead of compression), the
     default planning, strategy, min_elements and trial (which choose buckets, not their cost) and, for
     the sparsifiers, AR-Topk's round-robin owner and the default union limit (the probes use the
-    compressor's own collective). What the
+    compressor's own collective, and those of the other strategies these defaults). What the
     probes run and what the cache is keyed by, so that changing those settings measures nothing
     again."""
     probe = copy.copy(compressor)
@@ -270,12 +276,12 @@ def cost_settings(compressor):
     return probe
 
 
-def _exchange_probe(compressor, network: ClusterModel, collectives, buckets) -> tuple:
+def _exchange_probe(compressor, network: ClusterModel, collectives, buckets, strategy=None) -> tuple:
     """(callable, modelled seconds): one exchange call, as one graph, whose plan is `buckets`
-    (lists of tensor sizes), each compressed with the compressor's own collective, and the
-    communication the cost model gives that plan on `network` (0 with `LocalCollectives`, which
-    send nothing)."""
-    strategy = "allreduce" if compressor.collective == "allreduce" else "allgather"
+    (lists of tensor sizes), each compressed with `strategy` (None: the compressor's own
+    collective), and the communication the cost model gives that plan on `network` (0 with
+    `LocalCollectives`, which send nothing)."""
+    strategy = strategy or ("allreduce" if compressor.collective == "allreduce" else "allgather")
     sizes = [n for bucket in buckets for n in bucket]
     positions = iter(range(len(sizes)))
     plan = Plan(tuple(Bucket(tuple(next(positions) for _ in bucket), sum(bucket), strategy, StrategyTime(0.0, 0.0), 0.0)
@@ -307,24 +313,29 @@ class CompressionFigures(NamedTuple):
     fixed: float
     explained: bool = True
     complete: bool = True
+    partitioned_per_slot: float = 0.0
+    artopk_per_slot: float = 0.0
 
     @classmethod
     def of(cls, cluster: ClusterModel, complete: bool = True) -> "CompressionFigures":
         """The compression figures in `cluster` (explained: a cache keeps only explained ones)."""
         return cls(cluster.encode_decode, cluster.compression_per_tensor, cluster.merge_per_element,
-                   cluster.compression_fixed, True, complete)
+                   cluster.compression_fixed, True, complete, cluster.partitioned_per_slot, cluster.artopk_per_slot)
 
     def apply(self, cluster: ClusterModel) -> ClusterModel:
         """`cluster` with these compression figures."""
         return dataclasses.replace(cluster, encode_decode=self.encode_decode, compression_per_tensor=self.per_tensor,
-                                   merge_per_element=self.merge_per_element, compression_fixed=self.fixed)
+                                   merge_per_element=self.merge_per_element, compression_fixed=self.fixed,
+                                   partitioned_per_slot=self.partitioned_per_slot, artopk_per_slot=self.artopk_per_slot)
 
 
-def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, explained: bool) -> CompressionFigures:
+def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, explained: bool,
+                         slots: int) -> CompressionFigures:
     """The figures from the probes' compression times ({name: float64 [rounds] seconds}, paired round
-    by round) as `measure_compression` describes them. Unexplained (whole) times that do not grow
-    with the size (a machine so loaded that the noise hides the work) get the slope of the line
-    from the origin to the largest probe, so that no bucket's elements are priced at nothing."""
+    by round) as `measure_compression` describes them (`slots`: the largest probe's payload slots).
+    Unexplained (whole) times that do not grow with the size (a machine so loaded that the noise
+    hides the work) get the slope of the line from the origin to the largest probe, so that no
+    bucket's elements are priced at nothing."""
     small = sizes[0]
     single = AffineCost.fit(sizes, [np.median(seconds[n]) for n in sizes])
     if not explained and single.c1 <= 0:
@@ -336,8 +347,10 @@ def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, expl
     merge = max(np.median(seconds["merged"] - seconds[merged_elements]) - (len(merged) - 1) * per_tensor,
                 0.0) / merged_elements
     fixed = max(single.c0 - per_bucket - per_tensor, 0.0)
+    per_slot = {strategy: float(np.median(seconds[strategy] - seconds[largest])) / slots if strategy in seconds else 0.0
+                for strategy in _OTHER_STRATEGY_PROBES}
     return CompressionFigures(AffineCost(float(per_bucket), single.c1), float(per_tensor), float(merge), float(fixed),
-                              explained)
+                              explained, True, per_slot["partitioned"], per_slot["artopk"])
 
 
 def _lower_bound_figures(times: dict, communication: dict, small: int, largest: int) -> CompressionFigures:
@@ -372,7 +385,9 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     element: one bucket of the gradients' own tensors (`tensor_elements`, ints in backprop order)
     against one tensor of their total, less their per-tensor costs; where the gradients are too
     few or too large for that (`_merge_probe`), the largest size as 8 tensors, measured at the size
-    of the largest bucket, where merging costs the most.
+    of the largest bucket, where merging costs the most. For the sparsifiers, the largest size also
+    with the partitioned allreduce and with AR-Topk: what each adds to the allgather's probe (less
+    each one's modelled communication), per payload slot, signed.
 
     With `could_pay` (a callable that every rank calls at once: given `_lower_bound_figures`,
     whether compression could pay with costs that low), the smallest and the largest probe are
@@ -392,6 +407,9 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
              "many": [[_PER_TENSOR_PROBE_ELEMENTS // _PER_TENSOR_PROBE_TENSORS] * _PER_TENSOR_PROBE_TENSORS],
              "merged": [list(merged)]}
     probes = {name: _exchange_probe(compressor, network, collectives, buckets) for name, buckets in plans.items()}
+    for strategy in _OTHER_STRATEGY_PROBES if "partitioned" in available_strategies(compressor) else ():
+        plans[strategy] = [[largest]]
+        probes[strategy] = _exchange_probe(compressor, network, collectives, plans[strategy], strategy)
     barrier = _barrier(collectives.process_set) if isinstance(collectives, HorovodCollectives) else None
     # Short calls are noisy and cheap, long ones steadier and costly: each set its own rounds (the
     # differences taken below are of probes in the same set, paired round by round).
@@ -411,11 +429,12 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
         if not could_pay(lower):
             return lower
     times = timed(list(probes))
+    slots = compressor.payload_length(largest) if hasattr(compressor, "payload_length") else largest
     figures = _compression_figures({name: times[name] - communication for name, (_, communication) in probes.items()},
-                                   sizes, largest, merged, explained=True)
+                                   sizes, largest, merged, explained=True, slots=slots)
     if figures.encode_decode.c1 > 0 and np.median(times[largest]) > probes[largest][1]:
         return figures
-    return _compression_figures(times, sizes, largest, merged, explained=False)
+    return _compression_figures(times, sizes, largest, merged, explained=False, slots=slots)
 
 
 def cache_key(compressor, process_set, max_elements: int, tensor_elements=()) -> str:

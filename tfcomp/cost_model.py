@@ -312,7 +312,11 @@ CLUSTER_LIMITS = {
     "compression_per_tensor": (0.0, _HOUR, "seconds"),
     "merge_per_element": (0.0, 1.0, "seconds per element"),
     "compression_fixed": (0.0, _HOUR, "seconds"),
+    "partitioned_per_slot": (-1.0, 1.0, "seconds per payload slot"),
+    "artopk_per_slot": (-1.0, 1.0, "seconds per payload slot"),
 }
+# Per-slot figures are signed: what a strategy's work adds to (or saves from) the allgather's.
+_STRATEGY_PER_SLOT = {"partitioned": "partitioned_per_slot", "artopk": "artopk_per_slot"}
 _LIST_FIELDS = ("workers", *CLUSTER_LIMITS)
 MAX_OVERLAP_SLOWDOWN = 20.0  # ClusterModel.overlap_slowdown's greatest value
 
@@ -342,6 +346,12 @@ class ClusterModel:
     compression_per_tensor: float = 0.0  # seconds each tensor adds to a compressed bucket's work
     merge_per_element: float = 0.0  # seconds per element to concatenate and split a multi-tensor bucket
     compression_fixed: float = 0.0  # seconds an exchange with any compressed bucket pays once, beyond its buckets
+    # Seconds per payload slot (k) that a bucket's compression work takes beyond the allgather's
+    # (whose work encode_decode prices: encode, and the decode of K payloads), signed: the
+    # partitioned allreduce partitions its pairs and sums its owner's share (ops.sum_pairs) but
+    # decodes about k pairs, AR-Topk gathers values at one owner's indices and decodes k pairs.
+    partitioned_per_slot: float = 0.0
+    artopk_per_slot: float = 0.0
     # How many times longer a transfer takes while the backward pass still computes on the same
     # device (the two compete for it; 000's gamma seen from the network's side). Fitted in training
     # from the exchange's timeline (`tfcomp.planning.fit_overlap_slowdown`), not by calibration, so
@@ -373,10 +383,12 @@ class ClusterModel:
 
     def to_list(self) -> list:
         """[workers, allreduce latency, bandwidth, allgather latency, bandwidth, c0, c1, per_tensor,
-        compression_per_tensor, merge_per_element, compression_fixed] (floats)."""
+        compression_per_tensor, merge_per_element, compression_fixed, partitioned_per_slot,
+        artopk_per_slot] (floats)."""
         return [float(self.workers), self.allreduce.latency, self.allreduce.bandwidth, self.allgather.latency,
                 self.allgather.bandwidth, self.encode_decode.c0, self.encode_decode.c1, self.per_tensor,
-                self.compression_per_tensor, self.merge_per_element, self.compression_fixed]
+                self.compression_per_tensor, self.merge_per_element, self.compression_fixed,
+                self.partitioned_per_slot, self.artopk_per_slot]
 
     @classmethod
     def unpriced(cls, workers: int) -> "ClusterModel":
@@ -386,17 +398,17 @@ class ClusterModel:
 
     @classmethod
     def from_list(cls, values) -> "ClusterModel":
-        """The model of `to_list`'s 11 numbers; a ValueError naming the field of one that `validate`
+        """The model of `to_list`'s 13 numbers; a ValueError naming the field of one that `validate`
         rejects, or saying how many there were when not 11."""
         values = list(values)
         if len(values) != len(_LIST_FIELDS):
             raise ValueError(f"ClusterModel figures must be {len(_LIST_FIELDS)} numbers ({', '.join(_LIST_FIELDS)}), "
                              f"got {len(values)}: {values!r}")
         workers = _check_workers_figure(values[0])
-        w, arl, arb, agl, agb, c0, c1, per_tensor, compression_per_tensor, merge, fixed = (
+        w, arl, arb, agl, agb, c0, c1, per_tensor, compression_per_tensor, merge, fixed, partitioned, artopk = (
             workers, *(_check_figure(field, v) for field, v in zip(_LIST_FIELDS[1:], values[1:])))
         return cls(w, Network(arl, arb), Network(agl, agb), AffineCost(c0, c1), per_tensor, compression_per_tensor,
-                   merge, fixed)
+                   merge, fixed, partitioned_per_slot=partitioned, artopk_per_slot=artopk)
 
 
 def _check_workers_figure(value) -> int:
@@ -451,7 +463,9 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     Each tensor in a collective adds cluster.per_tensor (a compressed bucket sends
     WIRE_TENSORS); each tensor of a compressed bucket adds cluster.compression_per_tensor to its
     compression, and merging more than one tensor costs cluster.merge_per_element per element
-    (concatenate, split). A compressed bucket `alone` in its exchange also pays
+    (concatenate, split); partitioned and artopk buckets add cluster.partitioned_per_slot or
+    cluster.artopk_per_slot per payload slot (signed; the compression never below 0). A compressed
+    bucket `alone` in its exchange also pays
     cluster.compression_fixed, which an exchange pays once however many compressed buckets it has
     (the plan's search prices buckets with alone=False).
     """
@@ -468,6 +482,9 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
         compression += cluster.compression_fixed
     if tensors > 1:
         compression += cluster.merge_per_element * elements
+    if strategy in _STRATEGY_PER_SLOT:
+        slots = compressor.payload_length(elements)
+        compression = max(compression + getattr(cluster, _STRATEGY_PER_SLOT[strategy]) * slots, 0.0)
     bookkeeping = WIRE_TENSORS * cluster.per_tensor if k > 1 else 0.0
     payload = compressor.payload_bytes(elements) + _NON_FINITE_COUNT_BYTES
     if strategy == "allgather":
