@@ -40,6 +40,7 @@ ARGUMENTS = {
     "dgc_compress": ("grad", "threshold", "max_out"),
     "topk_compress": ("grad", "k"),
     "sparse_batched_decode": ("values", "indices", "size"),
+    "sum_pairs": ("rows", "max_pairs"),
 }
 LENGTH_ARGUMENT = {"dragonn_compress": "num_slots", "dgc_compress": "max_out", "topk_compress": "k"}
 BFLOAT16 = ref.DTYPES[2]
@@ -189,6 +190,29 @@ def _decode_case(rng: np.random.Generator, raw: bool, p_bad: float) -> dict:
     return args
 
 
+def _pairs_case(rng: np.random.Generator, raw: bool, p_bad: float) -> dict:
+    """sum_pairs: rows an owner could receive (indices repeating, any int32 value bits), at times
+    a negative index, a bad shape or dtype; max_pairs None, small, about the distinct count, or huge."""
+    n = _size(rng)
+    top = _pick(rng, (1, 50, n + 1, 2**31 - 1))
+    indices = rng.integers(0, top, n, dtype=np.int64)
+    if n >= 4:
+        indices[: n // 4] = indices[n // 4: 2 * (n // 4)]  # duplicates
+    rows = np.stack([indices, _values(rng, (n,), np.float32).view(np.int32)], axis=1)
+    if n and rng.random() < 2 * p_bad:
+        rows[int(rng.integers(n)), 0] = _pick(rng, (-1, -2, -(2**31)) if raw else (-1, -(2**31), 2**31, -(2**40)))
+    int32_fit = rows.size == 0 or (rows.min() >= -(2**31) and rows.max() < 2**31)
+    rows = rows.astype(np.int32 if int32_fit and (raw or rng.random() < 0.85) else np.int64)
+    if rng.random() < p_bad / 2:
+        rows = _pick(rng, (rows.reshape(-1), rows.reshape(1, -1, 2), np.concatenate([rows, rows[:, :1]], axis=1)))
+    if not raw and rng.random() < p_bad / 3:
+        rows = rows.astype(np.float32)
+    max_pairs = _pick(rng, (None, 0, 1, int(rng.integers(0, n + 2)), n, 2**31 - 1, np.int64(max(n // 3, 0))))
+    if rng.random() < p_bad:
+        max_pairs = _bad(rng, raw, (-2, -(2**63), 2**31, 2**32 + 1), (-1, 2**63, 3.0, True, "7", np.int64(-5)))
+    return {"rows": rows, "max_pairs": max_pairs}
+
+
 def draw_case(seed: int, op: str, case: int) -> tuple:
     """(call path, arguments) of case `case` of `op` under `seed`: the path is "ops" (tfcomp.ops),
     "raw" (the generated op, no Python checks) or "graph" (tfcomp.ops in a tf.function)."""
@@ -197,6 +221,8 @@ def draw_case(seed: int, op: str, case: int) -> tuple:
     p_bad = _pick(rng, (0.0, 0.0, 0.05, 0.1, 0.3))
     if op == "sparse_batched_decode":
         return path, _decode_case(rng, path == "raw", p_bad)
+    if op == "sum_pairs":
+        return path, _pairs_case(rng, path == "raw", p_bad)
     return path, _gradient_case(rng, op, path == "raw", p_bad)
 
 
@@ -216,6 +242,8 @@ def _raw_call(raw_ops, op: str, args: dict):
     """The generated op, with the scalars converted as the wrappers convert them (no checks)."""
     if op == "sparse_batched_decode":
         return raw_ops.tfcomp_sparse_batched_decode(args["values"], args["indices"], size=args["size"])
+    if op == "sum_pairs":
+        return raw_ops.tfcomp_sum_pairs(args["rows"], max_pairs=-1 if args["max_pairs"] is None else args["max_pairs"])
     with np.errstate(over="ignore"):
         real = {name: np.asarray(args[name], np.float32) for name in ("ratio", "threshold") if name in args}
     seed = {"seed": np.asarray(args["seed"], np.int64)} if "seed" in args else {}
@@ -241,6 +269,9 @@ def _expected(op: str, args: dict) -> list:
             canonical[name] = int(canonical[name])
     if op == "sparse_batched_decode":
         canonical["indices"] = canonical["indices"].astype(np.int32)
+    if op == "sum_pairs":
+        canonical = {"rows": canonical["rows"].astype(np.int32).reshape(-1, 2),
+                     "max_pairs": -1 if canonical["max_pairs"] is None else int(canonical["max_pairs"])}
     outputs = ref.REFERENCES[op](*canonical.values())
     return [np.asarray(output) for output in (outputs if isinstance(outputs, tuple) else (outputs,))]
 
@@ -267,7 +298,11 @@ def run_case(op: str, path: str, args: dict) -> tuple:
     if invalid:
         return "fail", f"invalid arguments {sorted(invalid)} accepted"
     actual = [np.asarray(output) for output in (result if isinstance(result, (tuple, list)) else (result,))]
-    for position, (got, want) in enumerate(zip(actual, _expected(op, args))):
+    expected = _expected(op, args)
+    if op == "sum_pairs":  # (index, float32 bits) rows: the bits compared as floats, so NaN equals NaN
+        actual, expected = ([rows[:, 0], rows[:, 1].view(np.float32)] if rows.shape == (rows.shape[0], 2) else [rows]
+                            for rows in (actual[0], expected[0]))
+    for position, (got, want) in enumerate(zip(actual, expected)):
         if got.dtype != want.dtype or got.shape != want.shape:
             return "fail", f"output {position} is {got.dtype}{list(got.shape)}, the reference {want.dtype}{list(want.shape)}"
         differ = np.flatnonzero(_differ(got.reshape(-1), want.reshape(-1)))

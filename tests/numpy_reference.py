@@ -256,14 +256,23 @@ def hash_partition(values: np.ndarray, indices: np.ndarray, num_parts: int):
 def sum_pairs(rows: np.ndarray, max_pairs: int = -1) -> np.ndarray:
     """int32 [m, 2]: each distinct index of rows (int32 [n, 2], index and float32 bits) with the
     bits of the sum of its values in row order, at most max_pairs (-1: all) kept, the largest
-    |sum| first (NaN above Inf, by the bits of |sum|), ties to the lower index; ascending index order."""
-    sums = {}
-    with np.errstate(invalid="ignore", over="ignore"):
-        for index, bits in rows.astype(np.int32).reshape(-1, 2):
-            value = np.array(bits, np.int32).view(np.float32)
-            sums[int(index)] = value if int(index) not in sums else np.float32(sums[int(index)] + value)
-    indices = np.array(sorted(sums), np.int64)
-    bits = np.array([np.float32(sums[i]).view(np.int32) for i in indices], np.int32).reshape(-1)
+    |sum| first (NaN above Inf, by the bits of |sum|), ties to the lower index; ascending index order.
+    Each sum starts at 0 and adds as TensorFlow's CPU threads do (denormals flushed)."""
+    rows = rows.astype(np.int32).reshape(-1, 2)
+    indices, segment = np.unique(rows[:, 0].astype(np.int64), return_inverse=True)
+    values = rows[:, 1].view(np.float32)
+    # The j-th value of every index's rows (in row order) is added in round j, all indices at once.
+    order = np.argsort(segment, kind="stable")
+    starts = np.searchsorted(segment[order], np.arange(indices.size))
+    place = np.empty(rows.shape[0], np.int64)
+    place[order] = np.arange(rows.shape[0]) - starts[segment[order]]
+    by_place = np.argsort(place, kind="stable")
+    bounds = np.searchsorted(place[by_place], np.arange(place.max() + 2 if place.size else 1))
+    sums = np.zeros(indices.size, np.float32)
+    for first, last in zip(bounds[:-1], bounds[1:]):
+        chosen = by_place[first:last]
+        sums[segment[chosen]] = _rounded(np.add, sums[segment[chosen]], values[chosen])
+    bits = sums.view(np.int32)
     if 0 <= max_pairs < indices.size:
         magnitude = (bits.astype(np.int64) & 0x7FFFFFFF)
         kept = np.lexsort((indices, -magnitude))[:max_pairs]
@@ -279,6 +288,7 @@ REFERENCES = {
     "dgc_compress": dgc_compress,
     "topk_compress": topk_compress,
     "sparse_batched_decode": sparse_batched_decode,
+    "sum_pairs": sum_pairs,
 }
 
 
@@ -357,4 +367,13 @@ def argument_errors(op: str, args: dict) -> set:
             bad.update(("values", "indices"))
         if not bad and indices.size and (indices.min() < -1 or indices.max() >= size):
             bad.add("indices")
+    if op == "sum_pairs":
+        rows, max_pairs = args["rows"], args["max_pairs"]
+        if not (max_pairs is None or _int_in(max_pairs, 0, MAX_LENGTH)):
+            bad.add("max_pairs")
+        if not (isinstance(rows, np.ndarray) and (rows.dtype.kind in "iu" or rows.size == 0) and rows.ndim == 2
+                and rows.shape[1] == 2):
+            bad.add("rows")
+        elif rows.size and (rows.min() < _INT32[0] or rows.max() > _INT32[1] or rows[:, 0].min() < 0):
+            bad.add("rows")
     return bad

@@ -405,7 +405,8 @@ def sum_pairs(rows, max_pairs: int | None = None, name: str | None = None) -> tf
     worker sent to this owner (`hash_partition`'s rows, after Horovod's alltoall) summed per index,
     at most `max_pairs` of the sums kept.
 
-    Each sum adds its index's values in row order, one float32 rounding per addition. The kept sums
+    Each sum is 0 plus its index's values in row order, one float32 rounding per addition (as
+    unsorted_segment_sum adds them; denormals flushed as on TensorFlow's CPU threads). The kept sums
     are the largest in magnitude (NaN above +Inf above every finite value; of equal magnitudes, the
     lower index's).
 

@@ -57,14 +57,15 @@ inline void SortRowsByIndex(const int32_t* rows, int64_t n, uint64_t* keyed, uin
 }
 
 // For rows sorted by SortRowsByIndex (`keyed`), writes each distinct index and the float32 bits of
-// the sum of its values, in row order (the first value, plus the next, ...), to sums[2 m] and
-// sums[2 m + 1], in ascending index order; returns the number m of distinct indices.
+// the sum of its values, in row order (0, plus the first value, plus the next, ...: as TensorFlow's
+// unsorted_segment_sum adds them), to sums[2 m] and sums[2 m + 1], in ascending index order;
+// returns the number m of distinct indices.
 inline int64_t SumRowsPerIndex(const int32_t* rows, int64_t n, const uint64_t* keyed, int32_t* sums) {
   int64_t m = 0;
   for (int64_t i = 0; i < n;) {
     const uint32_t index = static_cast<uint32_t>(keyed[i] >> 32);
-    float sum = BitsToFloat(static_cast<uint32_t>(rows[2 * static_cast<uint32_t>(keyed[i]) + 1]));
-    for (++i; i < n && static_cast<uint32_t>(keyed[i] >> 32) == index; ++i) {
+    float sum = 0.0f;
+    for (; i < n && static_cast<uint32_t>(keyed[i] >> 32) == index; ++i) {
       sum = sum + BitsToFloat(static_cast<uint32_t>(rows[2 * static_cast<uint32_t>(keyed[i]) + 1]));
     }
     sums[2 * m] = static_cast<int32_t>(index);

@@ -348,7 +348,8 @@ REGISTER_OP("Tfcomp>SumPairs")
 The owner's step of the hash-partitioned sparse allreduce: the rows every worker sent to this
 owner (hash_partition's, after Horovod's alltoall) summed per index, at most max_pairs of the sums
 kept, the largest in magnitude (NaN above +Inf above every finite value; equal magnitudes to the
-lower index). Each sum adds the values in row order, one float32 rounding per addition.
+lower index). Each sum is 0 plus the values in row order, one float32 rounding per addition (as
+unsorted_segment_sum adds them; denormals flushed as on TensorFlow's CPU threads).
 
 rows: [n, 2] int32, (index >= 0, the float32 bits of a value) per row; a negative index is an
   InvalidArgument error.
