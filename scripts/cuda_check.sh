@@ -16,8 +16,9 @@ scripts/bazel.sh build --config=cuda //ops:_tfcomp_ops.so
 lib=bazel-cuda-bin/ops/_tfcomp_ops.so
 
 # 2. It links the CUDA runtime statically, so it loads into tensorflow-cpu too: its GPU kernels must
-#    be registered (5 ops x 3 dtypes, ZeroAt, IntQuantize, IntDequantize, HashPartition and TimeAfter once), and the op tests
-#    must pass with it (on its CPU kernels).
+#    be registered (13 ops: 5 x 3 dtypes, and ZeroAt, IntQuantize, IntDequantize, HashPartition,
+#    SumPairs, TimeAfter, MomentumAccumulate and AdamAccumulate once), and the op tests must pass
+#    with it (on its CPU kernels).
 TF_CPP_MIN_LOG_LEVEL=2 python3 - "$lib" <<'PY'
 import sys
 import tensorflow as tf
@@ -25,7 +26,7 @@ from tensorflow.python.framework import kernels
 tf.load_op_library(sys.argv[1])
 expected = {"EstimateThreshold": 3, "DragonnCompress": 3, "DgcCompress": 3, "TopkCompress": 3,
             "SparseBatchedDecode": 3, "ZeroAt": 1, "IntQuantize": 1, "IntDequantize": 1,
-            "HashPartition": 1, "TimeAfter": 1, "MomentumAccumulate": 1, "AdamAccumulate": 1}
+            "HashPartition": 1, "SumPairs": 1, "TimeAfter": 1, "MomentumAccumulate": 1, "AdamAccumulate": 1}
 count = {op: sum(k.device_type == "GPU" for k in kernels.get_registered_kernels_for_op("Tfcomp>" + op).kernel)
          for op in expected}
 print("cuda-check: DEVICE_GPU kernels registered per op:", count)
@@ -33,7 +34,8 @@ sys.exit(0 if count == expected else 1)
 PY
 TFCOMP_OPS_LIBRARY=$PWD/$lib python3 -m pytest -q -p no:cacheprovider tests/test_op_library.py \
   tests/test_estimate_threshold.py tests/test_dragonn_compress.py tests/test_dgc_compress.py \
-  tests/test_topk_compress.py tests/test_sparse_batched_decode.py tests/test_zero_at.py tests/test_int_quantize.py tests/test_hash_partition.py tests/test_timeline.py tests/test_accumulate.py
+  tests/test_topk_compress.py tests/test_sparse_batched_decode.py tests/test_zero_at.py tests/test_int_quantize.py \
+  tests/test_hash_partition.py tests/test_sum_pairs.py tests/test_timeline.py tests/test_accumulate.py
 
 # 3. The standalone harness (nvcc, same kernel sources, no TensorFlow) and its host-only self-check.
 benchmarks/gpu/build.sh build/gpu_harness

@@ -14,12 +14,16 @@
 //
 // Exit status: 0 when every check passed, 1 when one failed, 2 on a CUDA error or bad usage.
 #include <cuda_runtime.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,6 +33,7 @@
 #include "ops/cc/lib/hashing.h"
 #include "ops/cc/lib/partition.h"
 #include "ops/cc/lib/quantize.h"
+#include "ops/cc/lib/sum_pairs.h"
 
 namespace tfcomp {
 namespace harness {
@@ -455,6 +460,140 @@ void CheckHashPartition(int64_t n, int32_t num_parts, uint64_t seed) {
   Report(at, verdict);
 }
 
+// TensorFlow's floating-point mode on its CPU threads, where the CPU kernels run, for the scope's
+// life: denormal operands read as zeros, denormal results flushed (x86: MXCSR's DAZ and FTZ bits;
+// elsewhere nothing changes, and the references' denormal sums may differ from the GPU's).
+class ScopedFlushDenormals {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  ScopedFlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }  // FTZ | DAZ
+  ~ScopedFlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned int saved_;
+#else
+  ScopedFlushDenormals() {}
+#endif
+};
+
+// n rows (index, float32 bits) for sum_pairs: indices drawn from `range` values spread over
+// [0, 2^31) by an odd multiplier (0 and 2^31 - 1 among them), so that most repeat when range << n;
+// values MakeGradient's (NaN, Inf, zeros, subnormals, equal magnitudes), one in 64 replaced by a
+// special value: NaNs of both signs and several payloads, signalling NaNs, +-Inf, +-0, the largest
+// finite values (their sums overflow), +-1 and subnormals.
+std::vector<int32_t> MakeSumPairsRows(int64_t n, int64_t range, uint64_t seed) {
+  static const uint32_t kSpecial[16] = {0x7FC00000u, 0xFFC00000u, 0x7FC00123u, 0xFFD00001u, 0x7F800001u, 0xFF812345u,
+                                        0x7F800000u, 0xFF800000u, 0x00000000u, 0x80000000u, 0x7F7FFFFFu, 0xFF7FFFFFu,
+                                        0x3F800000u, 0xBF800000u, 0x00000001u, 0x807FFFFFu};
+  const std::vector<uint32_t> values = MakeGradient<Float32Format>(n, seed);
+  std::vector<int32_t> rows(2 * n);
+  for (int64_t r = 0; r < n; ++r) {
+    const uint64_t u = Mix64(seed ^ Mix64(r));
+    const uint64_t k = ReduceToRange(static_cast<uint32_t>(u >> 32), static_cast<uint32_t>(range));
+    rows[2 * r] = k == 1 ? INT32_MAX : static_cast<int32_t>((k * 0x9E3779B1ull) & 0x7FFFFFFFull);
+    rows[2 * r + 1] = static_cast<int32_t>(u % 64 == 0 ? kSpecial[(u >> 6) % 16] : values[r]);
+  }
+  return rows;
+}
+
+// The CPU kernel's sum_pairs (ops/cc/kernels/sum_pairs_kernels.cc) on the host, from the same core
+// (ops/cc/lib/sum_pairs.h) in TensorFlow's floating-point mode: the kept rows, *distinct and
+// *first_negative (-1: none; then no rows).
+std::vector<int32_t> HostSumPairs(const std::vector<int32_t>& rows, int64_t max_pairs, int64_t* distinct,
+                                  int64_t* first_negative) {
+  const ScopedFlushDenormals flush;
+  const int64_t n = static_cast<int64_t>(rows.size()) / 2;
+  *distinct = 0;
+  *first_negative = FirstNegativeRowIndex(rows.data(), n);
+  if (*first_negative >= 0) return {};
+  std::vector<uint64_t> keyed(n), scratch(n);
+  std::vector<int32_t> sums(2 * n);
+  SortRowsByIndex(rows.data(), n, keyed.data(), scratch.data());
+  *distinct = SumRowsPerIndex(rows.data(), n, keyed.data(), sums.data());
+  sums.resize(2 * *distinct);
+  const int64_t kept = max_pairs < 0 ? *distinct : std::min(*distinct, max_pairs);
+  if (kept == *distinct) return sums;
+  std::vector<int32_t> out;
+  if (kept == 0) return out;
+  const uint64_t limit = KeptKeyLimit(sums.data(), *distinct, kept);
+  for (int64_t i = 0; i < *distinct; ++i) {
+    if (SelectionKey(sums[2 * i], static_cast<uint32_t>(sums[2 * i + 1])) <= limit) {
+      out.push_back(sums[2 * i]);
+      out.push_back(sums[2 * i + 1]);
+    }
+  }
+  return out;
+}
+
+// Word-by-word comparison of sum_pairs rows.
+Verdict CompareRows(const std::vector<int32_t>& want, const std::vector<int32_t>& got) {
+  Verdict verdict;
+  if (got.size() != want.size()) {
+    verdict.mismatches = 1;
+    verdict.first = std::to_string(got.size() / 2) + " rows, expected " + std::to_string(want.size() / 2);
+    return verdict;
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (got[i] != want[i] && verdict.mismatches++ == 0) {
+      char what[160];
+      std::snprintf(what, sizeof(what), "row %zu %s: expected 0x%08X, got 0x%08X", i / 2, i % 2 ? "sum" : "index",
+                    static_cast<uint32_t>(want[i]), static_cast<uint32_t>(got[i]));
+      verdict.first = what;
+    }
+  }
+  return verdict;
+}
+
+// sum_pairs of n random rows (MakeSumPairsRows) keeping at most max_pairs sums (-1: all): the two
+// launches around the host, against the CPU core on the host in TensorFlow's floating-point mode
+// (HostSumPairs), bit for bit, NaN bits included; with max_pairs -1 also with two negative indices,
+// the first of which must be found.
+void CheckSumPairs(int64_t n, int64_t range, int64_t max_pairs, uint64_t seed) {
+  const std::string at = "sum_pairs n=" + std::to_string(n) + " range=" + std::to_string(range) +
+                         " max_pairs=" + std::to_string(max_pairs);
+  std::vector<int32_t> rows = MakeSumPairsRows(n, range, seed);
+  int64_t want_distinct, want_negative;
+  const std::vector<int32_t> want = HostSumPairs(rows, max_pairs, &want_distinct, &want_negative);
+  DeviceArray<int32_t> d_rows(rows);
+  DeviceArray<int32_t> d_sums(2 * n);
+  DeviceArray<int64_t> d_counts(2);  // first negative row, distinct indices
+  auto per_index = [&]() {
+    d_sums.Poison();
+    d_counts.Poison();
+    RunWithScratch([&](void* scratch, size_t* bytes) {
+      return cuda::SumPairsPerIndex(d_rows.get(), n, d_sums.get(), d_counts.get(), d_counts.get() + 1, scratch, bytes,
+                                    0);
+    });
+    return d_counts.Download();
+  };
+  const std::vector<int64_t> counts = per_index();
+  Verdict verdict;
+  if (counts[0] < n) {
+    verdict.mismatches = 1;
+    verdict.first = "a negative index reported at row " + std::to_string(counts[0]);
+  } else if (counts[1] != want_distinct) {
+    verdict.mismatches = 1;
+    verdict.first = std::to_string(counts[1]) + " distinct indices, expected " + std::to_string(want_distinct);
+  } else {
+    DeviceArray<int32_t> d_kept(static_cast<int64_t>(want.size()));
+    d_kept.Poison();
+    RunWithScratch([&](void* scratch, size_t* bytes) {
+      return cuda::SumPairsKeep(d_sums.get(), counts[1], max_pairs, d_kept.get(), scratch, bytes, 0);
+    });
+    verdict = CompareRows(want, d_kept.Download());
+  }
+  Report(at, verdict);
+  if (max_pairs != -1 || n < 2) return;
+  rows[2 * (n / 2)] = -7;
+  rows[2 * (n - 1)] = INT32_MIN;
+  d_rows.Upload(rows);
+  const int64_t first = per_index()[0];
+  HostSumPairs(rows, max_pairs, &want_distinct, &want_negative);
+  Report(at + " finds the first negative index",
+         Expect(first == n / 2 && want_negative == n / 2,
+                "expected row " + std::to_string(n / 2) + ", got " + std::to_string(first)));
+}
+
 // int_quantize and int_dequantize on a float32 tensor of `size` elements (NaN, Inf, denormals
 // included) at each width, K = 3 workers' levels, against the host running the same code
 // (ops/cc/lib/quantize.h).
@@ -537,7 +676,95 @@ int RunCheck(int max_log2) {
   CheckSize<BFloat16Format>("bfloat16", largest, ++seed);
   CheckZeroAt(largest, ++seed);
   CheckIntQuantize(largest, ++seed);
+  // sum_pairs: indices drawn from 2^31 - 1 values (nearly all distinct), from n, n / 3 and n / 50
+  // (about 1, 3 and 50 rows per index) and from 7, each keeping every sum, none, one, about a third
+  // of them, and max_pairs above the number of sums.
+  for (int64_t n : {0, 1, 1000, 100003}) {
+    if (n > (int64_t{1} << max_log2)) continue;
+    for (int64_t range : {cuda::kMaxElements, n, n / 3 + 1, n / 50 + 1, int64_t{7}}) {
+      range = std::max<int64_t>(1, range);
+      const int64_t third = std::max<int64_t>(1, std::min(n, range) / 3);
+      for (int64_t max_pairs : {int64_t{-1}, int64_t{0}, int64_t{1}, third, n + 1}) {
+        CheckSumPairs(n, range, max_pairs, ++seed);
+      }
+    }
+  }
   return failures;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --self-check, sum_pairs on the host: the GPU's addition (SumPairsAdd, its host build, denormals
+// flushed in software) against the CPU core's in TensorFlow's floating-point mode for special
+// values, NaN and denormals included, and the reference path against a naive definition (a map,
+// SumPairsAdd, a sort): which NaN a float addition gives depends on the operand order the compiler
+// picks, so the naive one names the order the CPU core's addition has (checked first).
+
+void CheckSumPairsHost(uint64_t seed) {
+  // A map from index to the bits of the sum in row order, then the max_pairs smallest (SelectionKey,
+  // index) kept, in index order.
+  auto naive = [](const std::vector<int32_t>& rows, int64_t max_pairs) {
+    std::map<int32_t, uint32_t> sums;
+    for (size_t r = 0; r < rows.size(); r += 2) {
+      const uint32_t value = static_cast<uint32_t>(rows[r + 1]);
+      const auto found = sums.find(rows[r]);
+      if (found == sums.end()) {
+        sums.emplace(rows[r], cuda::SumPairsAdd(0, value));
+      } else {
+        found->second = cuda::SumPairsAdd(found->second, value);
+      }
+    }
+    std::vector<std::pair<uint64_t, int32_t>> ranked;
+    for (const auto& [index, sum] : sums) ranked.emplace_back(SelectionKey(index, sum), index);
+    std::sort(ranked.begin(), ranked.end());
+    if (max_pairs >= 0 && static_cast<size_t>(max_pairs) < ranked.size()) ranked.resize(max_pairs);
+    std::vector<int32_t> out;
+    for (const auto& [index, sum] : sums) {
+      if (std::binary_search(ranked.begin(), ranked.end(), std::make_pair(SelectionKey(index, sum), index))) {
+        out.push_back(index);
+        out.push_back(static_cast<int32_t>(sum));
+      }
+    }
+    return out;
+  };
+  // Two rows of one index for every pair of special values (a vector: nothing to fold at compile time).
+  const std::vector<uint32_t> special = {0x7FC00000u, 0xFFC00000u, 0x7FC00123u, 0xFFD00001u, 0x7F800001u,
+                                         0xFF812345u, 0x7FBFFFFFu, 0x7F800000u, 0xFF800000u, 0x00000000u,
+                                         0x80000000u, 0x7F7FFFFFu, 0xFF7FFFFFu, 0x3F800000u, 0xBF800000u,
+                                         0x00000001u, 0x807FFFFFu, 0x00800000u, 0x00800001u, 0x80800000u,
+                                         0x00FFFFFFu};
+  Verdict addition;
+  for (uint32_t a : special) {
+    for (uint32_t b : special) {
+      const int32_t rows[4] = {5, static_cast<int32_t>(a), 5, static_cast<int32_t>(b)};
+      uint64_t keyed[2], scratch[2];
+      int32_t sums[2];
+      {
+        const ScopedFlushDenormals flush;
+        SortRowsByIndex(rows, 2, keyed, scratch);
+        SumRowsPerIndex(rows, 2, keyed, sums);
+      }
+      const uint32_t want = static_cast<uint32_t>(sums[1]), got = cuda::SumPairsAdd(cuda::SumPairsAdd(0, a), b);
+      if (got != want && addition.mismatches++ == 0) {
+        char what[120];
+        std::snprintf(what, sizeof(what), "0 + 0x%08X + 0x%08X: the core gives 0x%08X, SumPairsAdd 0x%08X", a, b,
+                      want, got);
+        addition.first = what;
+      }
+    }
+  }
+  Report("sum_pairs: SumPairsAdd is the CPU core's addition (NaN bits, denormals flushed)", addition);
+  for (int64_t n : {0, 1, 3000}) {
+    for (int64_t range : {cuda::kMaxElements, n / 3 + 1, int64_t{7}}) {
+      for (int64_t max_pairs : {int64_t{-1}, int64_t{0}, int64_t{1}, n / 5 + 1, n + 1}) {
+        const std::vector<int32_t> rows = MakeSumPairsRows(n, std::max<int64_t>(1, range), ++seed);
+        int64_t distinct, first_negative;
+        const std::vector<int32_t> got = HostSumPairs(rows, max_pairs, &distinct, &first_negative);
+        Report("sum_pairs reference n=" + std::to_string(n) + " range=" + std::to_string(range) +
+                   " max_pairs=" + std::to_string(max_pairs) + " against a map",
+               CompareRows(naive(rows, max_pairs), got));
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -581,6 +808,43 @@ int CheckLaunchers() {
               bad);
   ReportError("launchers: hash_partition write, n < 0 ->",
               cuda::HashPartitionWrite(nullptr, nullptr, -1, 2, nullptr, nullptr, 0), bad);
+  // sum_pairs: non-null stand-ins for device pointers (never dereferenced on the host).
+  int32_t* const rows = reinterpret_cast<int32_t*>(256);
+  int64_t* const counts = reinterpret_cast<int64_t*>(256);
+  ReportError("launchers: sum_pairs per index, n < 0 ->",
+              cuda::SumPairsPerIndex(rows, -1, rows, counts, counts + 1, scratch, &bytes, 0), bad);
+  ReportError("launchers: sum_pairs per index, n = 2^31 ->",
+              cuda::SumPairsPerIndex(rows, int64_t{1} << 31, rows, counts, counts + 1, scratch, &bytes, 0), bad);
+  ReportError("launchers: sum_pairs per index, rows null ->",
+              cuda::SumPairsPerIndex(nullptr, 10, rows, counts, counts + 1, scratch, &bytes, 0), bad);
+  ReportError("launchers: sum_pairs per index, sums null ->",
+              cuda::SumPairsPerIndex(rows, 10, nullptr, counts, counts + 1, scratch, &bytes, 0), bad);
+  ReportError("launchers: sum_pairs per index, n = 0, distinct null ->",
+              cuda::SumPairsPerIndex(nullptr, 0, nullptr, counts, nullptr, scratch, &bytes, 0), bad);
+  ReportError("launchers: sum_pairs keep, m < 0 ->", cuda::SumPairsKeep(rows, -1, 3, rows, scratch, &bytes, 0), bad);
+  ReportError("launchers: sum_pairs keep, max_pairs = -2 ->",
+              cuda::SumPairsKeep(rows, 10, -2, rows, scratch, &bytes, 0), bad);
+  ReportError("launchers: sum_pairs keep, kept null ->", cuda::SumPairsKeep(rows, 10, 3, nullptr, scratch, &bytes, 0),
+              bad);
+  ReportError("launchers: sum_pairs keep, sums null ->", cuda::SumPairsKeep(nullptr, 10, -1, rows, scratch, &bytes, 0),
+              bad);
+  {
+    // Queries that need no CUB, so no GPU: no rows, and keeping every sum or none.
+    size_t query = 1;
+    const cudaError_t empty = cuda::SumPairsPerIndex(nullptr, 0, nullptr, counts, counts + 1, nullptr, &query, 0);
+    Report("launchers: sum_pairs per index, n = 0 needs no scratch",
+           Expect(empty == cudaSuccess && query == 0, ErrorName(empty) + ", " + std::to_string(query) + " bytes"));
+    for (int64_t max_pairs : {int64_t{-1}, int64_t{0}, int64_t{10}, int64_t{11}}) {
+      query = 1;
+      const cudaError_t copy = cuda::SumPairsKeep(rows, 10, max_pairs, rows, nullptr, &query, 0);
+      Report("launchers: sum_pairs keep of 10, max_pairs=" + std::to_string(max_pairs) + " needs no scratch",
+             Expect(copy == cudaSuccess && query == 0, ErrorName(copy) + ", " + std::to_string(query) + " bytes"));
+    }
+    query = 1;
+    const cudaError_t none = cuda::SumPairsKeep(nullptr, 0, 5, nullptr, nullptr, &query, 0);
+    Report("launchers: sum_pairs keep of 0 sums needs no scratch",
+           Expect(none == cudaSuccess && query == 0, ErrorName(none) + ", " + std::to_string(query) + " bytes"));
+  }
   size_t small = 1;
   ReportError("launchers: dragonn_compress, scratch too small ->",
               cuda::DragonnCompress<F>(nullptr, 10, nullptr, nullptr, 100, nullptr, nullptr, scratch, &small, 0), bad);
@@ -588,6 +852,10 @@ int CheckLaunchers() {
   ReportError("launchers: sparse_batched_decode, scratch too small ->",
               cuda::SparseBatchedDecode<F>(nullptr, nullptr, 100, 10, nullptr, nullptr, scratch, &small, 0),
               gpu ? bad : cudaSuccess);
+  ReportError("launchers: sum_pairs per index, scratch too small ->",
+              cuda::SumPairsPerIndex(rows, 100, rows, counts, counts + 1, scratch, &small, 0), gpu ? bad : cudaSuccess);
+  ReportError("launchers: sum_pairs keep, scratch too small ->",
+              cuda::SumPairsKeep(rows, 100, 10, rows, scratch, &small, 0), gpu ? bad : cudaSuccess);
   if (gpu) {
     std::printf("(a GPU is present: the launches without a GPU are not checked)\n");
     return failures;
@@ -608,6 +876,13 @@ int CheckLaunchers() {
               cudaSuccess);
   ReportError("no GPU: sparse_batched_decode ->",
               cuda::SparseBatchedDecode<F>(nullptr, nullptr, 4000, d, nullptr, nullptr, scratch, &bytes, 0),
+              cudaSuccess);
+  ReportError("no GPU: sum_pairs per index ->",
+              cuda::SumPairsPerIndex(rows, 4000, rows, counts, counts + 1, scratch, &bytes, 0), cudaSuccess);
+  ReportError("no GPU: sum_pairs per index, n = 0 ->",
+              cuda::SumPairsPerIndex(rows, 0, rows, counts, counts + 1, scratch, &bytes, 0), cudaSuccess);
+  ReportError("no GPU: sum_pairs keep ->", cuda::SumPairsKeep(rows, 4000, 100, rows, scratch, &bytes, 0), cudaSuccess);
+  ReportError("no GPU: sum_pairs keep, every sum ->", cuda::SumPairsKeep(rows, 4000, -1, rows, scratch, &bytes, 0),
               cudaSuccess);
   return failures;
 }
@@ -737,7 +1012,9 @@ int main(int argc, char** argv) {
   using namespace tfcomp::harness;
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "--self-check") {
-    const int failed = RunSelfCheck(ArgInt(argc, argv, "--seed", 1)) + CheckLaunchers();
+    const int reference_failed = RunSelfCheck(ArgInt(argc, argv, "--seed", 1));
+    CheckSumPairsHost(ArgInt(argc, argv, "--seed", 1));
+    const int failed = reference_failed + CheckLaunchers();  // the harness's failures, CheckSumPairsHost's included
     std::printf("self-check: %s (%d failed)\n", failed == 0 ? "PASSED" : "FAILED", failed);
     return failed == 0 ? 0 : 1;
   }

@@ -4,8 +4,10 @@
 // query) and enqueue the framework-free CUDA code of tfcomp_cuda.h on the op's stream. A CUDA error
 // becomes an Internal error naming the op.
 // Nothing here waits for the device except the decode, which synchronises its stream once, after the
-// decode, to report an index out of range. Threshold and seed stay in device memory (their values
-// are not checked, see ops/cc/kernels/checks.h); estimate_threshold's ratio is in host memory.
+// decode, to report an index out of range, and hash_partition and sum_pairs, whose output shapes
+// depend on the data: each synchronises once before allocating them. Threshold and seed stay in
+// device memory (their values are not checked, see ops/cc/kernels/checks.h); estimate_threshold's
+// ratio is in host memory.
 // First: included after TensorFlow's logging, stream_executor's absl/log/check.h redefines CHECK.
 #include <cuda_runtime_api.h>
 
@@ -232,6 +234,52 @@ Status HashPartitionLauncher<GpuDevice>::Write(OpKernelContext* context, const T
   return CudaStatus(context, cuda::HashPartitionWrite(values.flat<float>().data(), indices.flat<int32_t>().data(),
                                                       indices.NumElements(), num_parts, cursors.flat<int64_t>().data(),
                                                       rows->flat<int32_t>().data(), stream));
+}
+
+Status SumPairsLauncher<GpuDevice>::operator()(OpKernelContext* context, const Tensor& rows, int64_t max_pairs,
+                                               int64_t* bad_row, int32_t* bad_index) const {
+  const int64_t n = rows.dim_size(0);
+  *bad_row = -1;
+  if (n > kMaxIndexable) {
+    return errors::InvalidArgument("rows has ", n, " rows, more than 2^31 - 1 (the GPU kernel's limit)");
+  }
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  const int32_t* in = rows.flat<int32_t>().data();
+  Tensor sums, counts;
+  TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_INT32, {2 * n}, &sums));
+  TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_INT64, {2}, &counts));
+  int32_t* all_sums = sums.flat<int32_t>().data();
+  int64_t* first_negative = counts.flat<int64_t>().data();
+  int64_t* distinct = first_negative + 1;
+  TF_RETURN_IF_ERROR(LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t launch_stream) {
+    return cuda::SumPairsPerIndex(in, n, all_sums, first_negative, distinct, scratch, bytes, launch_stream);
+  }));
+  // The one wait: a negative index, and else the number of distinct indices (the output's shape).
+  int64_t host_counts[2] = {0, 0};
+  TF_RETURN_IF_ERROR(CudaStatus(
+      context, cudaMemcpyAsync(host_counts, first_negative, sizeof(host_counts), cudaMemcpyDeviceToHost, stream)));
+  TF_RETURN_IF_ERROR(CudaStatus(context, cudaStreamSynchronize(stream)));
+  if (host_counts[0] < n) {
+    *bad_row = host_counts[0];
+    TF_RETURN_IF_ERROR(CudaStatus(
+        context, cudaMemcpyAsync(bad_index, in + 2 * *bad_row, sizeof(*bad_index), cudaMemcpyDeviceToHost, stream)));
+    return CudaStatus(context, cudaStreamSynchronize(stream));
+  }
+  const int64_t num_distinct = host_counts[1];
+  if (num_distinct < 0 || num_distinct > n) {
+    return errors::Internal(context->op_kernel().type_string(), " on GPU: counted ", num_distinct,
+                            " distinct indices among ", n, " rows");
+  }
+  const int64_t kept = max_pairs < 0 ? num_distinct : std::min(num_distinct, max_pairs);
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(context->allocate_output(0, {kept, 2}, &out));
+  if (kept == 0) return ::tensorflow::OkStatus();
+  int32_t* kept_rows = out->flat<int32_t>().data();
+  return LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t launch_stream) {
+    return cuda::SumPairsKeep(all_sums, num_distinct, max_pairs < 0 ? -1 : max_pairs, kept_rows, scratch, bytes,
+                              launch_stream);
+  });
 }
 
 Status IntQuantizeLauncher<GpuDevice>::operator()(OpKernelContext* context, const Tensor& grad, const Tensor& scale,

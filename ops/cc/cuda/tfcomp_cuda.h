@@ -138,6 +138,55 @@ cudaError_t HashPartitionCount(const int32_t* indices, int64_t n, int32_t num_pa
 cudaError_t HashPartitionWrite(const float* values, const int32_t* indices, int64_t n, int32_t num_parts,
                                int64_t* cursors, int32_t* rows, cudaStream_t stream);
 
+// A float32 denormal's bits as those of the zero of its sign; other bits unchanged.
+TFCOMP_HOST_DEVICE inline uint32_t FlushDenormalBits(uint32_t bits) {
+  return (bits & 0x7F800000u) == 0 ? bits & 0x80000000u : bits;
+}
+
+// sum_pairs's addition, on the device and the host: the float32 bits of a + b as TensorFlow's CPU
+// threads add (the CPU kernel's): denormal operands read as zeros of their sign, one rounding (no
+// FMA, no reassociation), a denormal result flushed to a zero of its sign; and where the sum is
+// NaN, the NaN of x86-64's SSE addition with the running sum as first operand: a quieted when a is
+// NaN, else b quieted when b is NaN, else (Inf plus -Inf) the default NaN 0xFFC00000. A GPU's own
+// NaN (0x7FFFFFFF) would differ, and a NaN's bits are part of its SelectionKey.
+TFCOMP_HOST_DEVICE inline uint32_t SumPairsAdd(uint32_t a, uint32_t b) {
+  constexpr uint32_t kAbs = 0x7FFFFFFFu, kExponent = 0x7F800000u, kQuiet = 0x00400000u;
+  const float x = BitsToFloat(FlushDenormalBits(a)), y = BitsToFloat(FlushDenormalBits(b));
+#if defined(__CUDA_ARCH__)
+  const uint32_t sum = FlushDenormalBits(FloatToBits(__fadd_rn(x, y)));
+#else
+  const uint32_t sum = FlushDenormalBits(FloatToBits(x + y));
+#endif
+  if ((sum & kAbs) <= kExponent) return sum;
+  if ((a & kAbs) > kExponent) return a | kQuiet;
+  if ((b & kAbs) > kExponent) return b | kQuiet;
+  return 0xFFC00000u;
+}
+
+// sum_pairs, bit for bit the CPU kernel as TensorFlow runs it (ops/cc/lib/sum_pairs.h, denormals
+// flushed), in two calls around the host, which learns the number m of distinct indices (the
+// output's shape) in between. rows: [n, 2] int32 (index, float32 bits), n <= 2^31 - 1.
+//
+// SumPairsPerIndex: *first_negative (device int64) = the first row whose index is negative, a value
+// >= n when there is none (a pass over the rows, which it also splits into indices and values), and
+// then, valid only when there is none: the rows sorted stably by index (a CUB radix sort of the 31
+// index bits, the values carried), the sorted runs numbered (run heads, an inclusive sum), and one
+// thread per run adding 0 and then its values in row order with SumPairsAdd; sums[2 j] and
+// sums[2 j + 1] = the j-th smallest distinct index and the bits of its sum, j < m, and *distinct
+// (device int64) = m. sums has room for n rows. Needs scratch (about 16 bytes per row).
+// first_negative and distinct are never null; rows and sums not where n > 0.
+cudaError_t SumPairsPerIndex(const int32_t* rows, int64_t n, int32_t* sums, int64_t* first_negative,
+                             int64_t* distinct, void* scratch, size_t* scratch_bytes, cudaStream_t stream);
+
+// SumPairsKeep: kept[2 k], kept[2 k + 1] = the rows of sums (m of them, SumPairsPerIndex's) whose
+// SelectionKey is among the max_pairs smallest, in their order (ascending index): k = min(m,
+// max_pairs) rows, all m when max_pairs is -1 (then a copy). Selecting (0 < max_pairs < m): a CUB
+// radix sort of the m 64-bit keys gives the limit, the max_pairs-th smallest (keys are unique), then
+// the rows with keys up to it are flagged and compacted in order (an exclusive sum). Needs scratch
+// (about 24 bytes per sum) only when selecting. max_pairs >= -1; sums and kept not null where k > 0.
+cudaError_t SumPairsKeep(const int32_t* sums, int64_t m, int64_t max_pairs, int32_t* kept, void* scratch,
+                         size_t* scratch_bytes, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace tfcomp
 
