@@ -19,7 +19,6 @@ the strategies as the measurements do, and where the plan picks what they find f
 Writes sparse_allreduce.json and sparse_allreduce.md into --out_dir.
 """
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -70,11 +69,11 @@ def _worker() -> None:
     rank, workers = hvd.rank(), hvd.size()
     tensors = [(i, f"g{i}", n) for i, n in enumerate(SIZES)]
     variables = [tf.Variable(tf.zeros([n])) for n in SIZES]
-    exchanges, plans = {}, {}
+    exchanges, compressors = {}, {}
     for name, strategy, kwargs in STRATEGIES:
-        compressor = tfcomp.DRAGONN(FLAGS.ratio, strategy=strategy, **kwargs)
-        plans[name] = planning.per_tensor_plan(tensors, compressor, cm.ClusterModel.unpriced(workers))
-        exchanges[name] = tf.function(tfcomp.GradientExchange(compressor, plan=plans[name]), autograph=False)
+        compressors[name] = tfcomp.DRAGONN(FLAGS.ratio, strategy=strategy, **kwargs)
+        plan = planning.per_tensor_plan(tensors, compressors[name], cm.ClusterModel.unpriced(workers))
+        exchanges[name] = tf.function(tfcomp.GradientExchange(compressors[name], plan=plan), autograph=False)
     barrier = tf.function(lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="sparse_barrier"), autograph=False)
 
     def gradients(step: int):
@@ -108,10 +107,11 @@ def _worker() -> None:
     auto(gradients(0), variables)
     calibrated = auto.plan.cluster
     if rank == 0 and FLAGS.json_out:
-        # What the cost model, calibrated on this cluster, predicts for each forced plan.
+        # What the cost model, calibrated on this cluster, predicts for each forced plan (its buckets
+        # priced with the calibrated figures, compression included).
         result = {name: {"ms": 1e3 * statistics.median(times[name]), "mbytes": float(np.mean(everyone[:, i])) / 1e6,
                          "predicted_ms": 1e3 * planning.predicted_exchange_time(
-                             dataclasses.replace(plans[name], cluster=calibrated))}
+                             planning.per_tensor_plan(tensors, compressors[name], calibrated))}
                   for i, name in enumerate(exchanges)}
         result["plan"] = [b.strategy for b in auto.plan.buckets]
         result["plan_predicted_ms"] = 1e3 * planning.predicted_exchange_time(auto.plan)
