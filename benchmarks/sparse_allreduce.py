@@ -2,6 +2,7 @@
 
     python -m benchmarks.sparse_allreduce [--workers=2,4,8] [--rate=1gbit] [--rounds=15]
         [--ratio=0.01] [--out_dir=benchmarks/results]
+    python -m benchmarks.sparse_allreduce --reprice=RESULTS.json[,...]
 
 Needs root (benchmarks/cluster.py). On one emulated cluster of max(--workers) hosts (one worker
 each, links shaped to --rate), for each K one `horovodrun -np K` job exchanges DRAGONN(--ratio)
@@ -39,6 +40,9 @@ flags.DEFINE_integer("rounds", 15, "Timed steps per strategy (medians reported).
 flags.DEFINE_float("ratio", 0.01, "DRAGONN's ratio.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
 flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its findings.")
+flags.DEFINE_list("reprice", [], "Runs nothing: prints the tables of these results files (sparse_allreduce.json) "
+                  "with each forced plan priced again from the figures its job calibrated (figures of the "
+                  "11-number format, before the per-slot figures, get those at 0).")
 
 SIZES = (2**21, 2**18, 2**16)
 # (name, strategy, DRAGONN keyword arguments)
@@ -157,8 +161,29 @@ def _launcher() -> None:
                   summarise(results))
 
 
+def _reprice(path: str) -> str:
+    """The summary of a results file, each forced plan's prediction from its job's figures."""
+    import tfcomp
+    from tfcomp import cost_model as cm
+    from tfcomp import planning
+
+    data = json.loads(Path(path).read_text())
+    tensors = [(i, f"g{i}", n) for i, n in enumerate(SIZES)]
+    for row in data["results"].values():
+        figures = list(row["cluster"])
+        cluster = cm.ClusterModel.from_list(figures + [0.0] * (13 - len(figures)))
+        for name, strategy, kwargs in STRATEGIES:
+            plan = planning.per_tensor_plan(tensors, tfcomp.DRAGONN(data["ratio"], strategy=strategy, **kwargs), cluster)
+            row[name]["predicted_ms"] = 1e3 * planning.predicted_exchange_time(plan)
+    return summarise(data["results"])
+
+
 def main(argv):
     del argv
+    if FLAGS.reprice:
+        for path in FLAGS.reprice:
+            print(f"{path}, repriced:\n{_reprice(path)}")
+        return
     _worker() if FLAGS.role == "worker" else _launcher()
 
 
