@@ -510,18 +510,9 @@ std::vector<int32_t> HostSumPairs(const std::vector<int32_t>& rows, int64_t max_
   std::vector<int32_t> sums(2 * n);
   SortRowsByIndex(rows.data(), n, keyed.data(), scratch.data());
   *distinct = SumRowsPerIndex(rows.data(), n, keyed.data(), sums.data());
-  sums.resize(2 * *distinct);
   const int64_t kept = max_pairs < 0 ? *distinct : std::min(*distinct, max_pairs);
-  if (kept == *distinct) return sums;
-  std::vector<int32_t> out;
-  if (kept == 0) return out;
-  const uint64_t limit = KeptKeyLimit(sums.data(), *distinct, kept);
-  for (int64_t i = 0; i < *distinct; ++i) {
-    if (SelectionKey(sums[2 * i], static_cast<uint32_t>(sums[2 * i + 1])) <= limit) {
-      out.push_back(sums[2 * i]);
-      out.push_back(sums[2 * i + 1]);
-    }
-  }
+  std::vector<int32_t> out(2 * kept);
+  KeepSmallestKeys(sums.data(), *distinct, kept, out.data());
   return out;
 }
 

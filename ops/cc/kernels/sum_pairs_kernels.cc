@@ -30,20 +30,7 @@ struct SumPairsLauncher<CpuDevice> {
     const int64_t kept = max_pairs < 0 ? distinct : std::min(distinct, max_pairs);
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(context->allocate_output(0, {kept, 2}, &out));
-    if (kept == 0) return ::tensorflow::OkStatus();
-    int32_t* kept_rows = out->flat<int32_t>().data();
-    if (kept == distinct) {
-      std::copy(sums.begin(), sums.begin() + 2 * distinct, kept_rows);
-      return ::tensorflow::OkStatus();
-    }
-    const uint64_t limit = KeptKeyLimit(sums.data(), distinct, kept);
-    for (int64_t i = 0, k = 0; i < distinct; ++i) {
-      if (SelectionKey(sums[2 * i], static_cast<uint32_t>(sums[2 * i + 1])) <= limit) {
-        kept_rows[2 * k] = sums[2 * i];
-        kept_rows[2 * k + 1] = sums[2 * i + 1];
-        ++k;
-      }
-    }
+    KeepSmallestKeys(sums.data(), distinct, kept, out->flat<int32_t>().data());
     return ::tensorflow::OkStatus();
   }
 };

@@ -75,14 +75,25 @@ inline int64_t SumRowsPerIndex(const int32_t* rows, int64_t n, const uint64_t* k
   return m;
 }
 
-// The largest SelectionKey that is kept when at most max_pairs of the m (index, sum bits) rows
-// `sums` are (max_pairs >= 1; every key is kept when max_pairs >= m).
-inline uint64_t KeptKeyLimit(const int32_t* sums, int64_t m, int64_t max_pairs) {
+// Writes to kept_rows the `kept` of the m (index, sum bits) rows `sums` (SumRowsPerIndex's) whose
+// SelectionKeys are smallest, in their order in sums (0 <= kept <= m; all of them when kept == m).
+inline void KeepSmallestKeys(const int32_t* sums, int64_t m, int64_t kept, int32_t* kept_rows) {
+  if (kept >= m) {
+    std::copy(sums, sums + 2 * m, kept_rows);
+    return;
+  }
+  if (kept <= 0) return;
   std::vector<uint64_t> keys(m);
   for (int64_t i = 0; i < m; ++i) keys[i] = SelectionKey(sums[2 * i], static_cast<uint32_t>(sums[2 * i + 1]));
-  if (max_pairs >= m) return *std::max_element(keys.begin(), keys.end());
-  std::nth_element(keys.begin(), keys.begin() + (max_pairs - 1), keys.end());
-  return keys[max_pairs - 1];
+  std::nth_element(keys.begin(), keys.begin() + (kept - 1), keys.end());
+  const uint64_t limit = keys[kept - 1];
+  for (int64_t i = 0, k = 0; i < m; ++i) {
+    if (SelectionKey(sums[2 * i], static_cast<uint32_t>(sums[2 * i + 1])) <= limit) {
+      kept_rows[2 * k] = sums[2 * i];
+      kept_rows[2 * k + 1] = sums[2 * i + 1];
+      ++k;
+    }
+  }
 }
 
 }  // namespace tfcomp
