@@ -60,6 +60,21 @@ def interface_bytes(device: str = "eth0", proc_net_dev: str = "/proc/net/dev") -
     raise RuntimeError(f"no interface {device!r} in {proc_net_dev}")
 
 
+def _forced_compressors(ratio: float) -> dict:
+    """{strategy name: DRAGONN(ratio) forced to it}, for each of STRATEGIES."""
+    import tfcomp
+
+    return {name: tfcomp.DRAGONN(ratio, strategy=strategy, **kwargs) for name, strategy, kwargs in STRATEGIES}
+
+
+def _predicted_ms(compressor, cluster) -> float:
+    """What `cluster`'s figures predict for one step of SIZES, one bucket each, forced as `compressor` says."""
+    from tfcomp import planning
+
+    tensors = [(i, f"g{i}", n) for i, n in enumerate(SIZES)]
+    return 1e3 * planning.predicted_exchange_time(planning.per_tensor_plan(tensors, compressor, cluster))
+
+
 def _worker() -> None:
     import horovod.tensorflow as hvd
     import numpy as np
@@ -73,11 +88,10 @@ def _worker() -> None:
     rank, workers = hvd.rank(), hvd.size()
     tensors = [(i, f"g{i}", n) for i, n in enumerate(SIZES)]
     variables = [tf.Variable(tf.zeros([n])) for n in SIZES]
-    exchanges, compressors = {}, {}
-    for name, strategy, kwargs in STRATEGIES:
-        compressors[name] = tfcomp.DRAGONN(FLAGS.ratio, strategy=strategy, **kwargs)
-        plan = planning.per_tensor_plan(tensors, compressors[name], cm.ClusterModel.unpriced(workers))
-        exchanges[name] = tf.function(tfcomp.GradientExchange(compressors[name], plan=plan), autograph=False)
+    compressors, exchanges = _forced_compressors(FLAGS.ratio), {}
+    for name, compressor in compressors.items():
+        plan = planning.per_tensor_plan(tensors, compressor, cm.ClusterModel.unpriced(workers))
+        exchanges[name] = tf.function(tfcomp.GradientExchange(compressor, plan=plan), autograph=False)
     barrier = tf.function(lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="sparse_barrier"), autograph=False)
 
     def gradients(step: int):
@@ -114,8 +128,7 @@ def _worker() -> None:
         # What the cost model, calibrated on this cluster, predicts for each forced plan (its buckets
         # priced with the calibrated figures, compression included).
         result = {name: {"ms": 1e3 * statistics.median(times[name]), "mbytes": float(np.mean(everyone[:, i])) / 1e6,
-                         "predicted_ms": 1e3 * planning.predicted_exchange_time(
-                             planning.per_tensor_plan(tensors, compressors[name], calibrated))}
+                         "predicted_ms": _predicted_ms(compressors[name], calibrated)}
                   for i, name in enumerate(exchanges)}
         result["plan"] = [b.strategy for b in auto.plan.buckets]
         result["plan_predicted_ms"] = 1e3 * planning.predicted_exchange_time(auto.plan)
@@ -163,18 +176,16 @@ def _launcher() -> None:
 
 def _reprice(path: str) -> str:
     """The summary of a results file, each forced plan's prediction from its job's figures."""
-    import tfcomp
     from tfcomp import cost_model as cm
-    from tfcomp import planning
 
     data = json.loads(Path(path).read_text())
-    tensors = [(i, f"g{i}", n) for i, n in enumerate(SIZES)]
+    compressors = _forced_compressors(data["ratio"])
+    length = len(cm.ClusterModel.unpriced(1).to_list())
     for row in data["results"].values():
         figures = list(row["cluster"])
-        cluster = cm.ClusterModel.from_list(figures + [0.0] * (13 - len(figures)))
-        for name, strategy, kwargs in STRATEGIES:
-            plan = planning.per_tensor_plan(tensors, tfcomp.DRAGONN(data["ratio"], strategy=strategy, **kwargs), cluster)
-            row[name]["predicted_ms"] = 1e3 * planning.predicted_exchange_time(plan)
+        cluster = cm.ClusterModel.from_list(figures + [0.0] * (length - len(figures)))
+        for name, compressor in compressors.items():
+            row[name]["predicted_ms"] = _predicted_ms(compressor, cluster)
     return summarise(data["results"])
 
 
