@@ -1,6 +1,7 @@
 """Time to accuracy on an emulated cluster: does the model train to the same accuracy sooner?
 
     python -m benchmarks.time_to_accuracy [--hosts=4] [--models=cnn,vit] [--seeds=2] [--steps=400]
+        [--batch_size=32] [--test_examples=4000]
         [--rates=1gbit,10gbit,none] [--configs=dense,...] [--calibration_cache=warm|none] [--resume]
         [--out_dir=benchmarks/results]
 
@@ -48,6 +49,8 @@ flags.DEFINE_list("models", ["cnn", "vit"], "Models of examples/models.py.")
 flags.DEFINE_integer("seeds", 2, "Seeds 0 .. seeds-1 per configuration.")
 flags.DEFINE_integer("steps", 400, "Training steps per run.")
 flags.DEFINE_integer("eval_every", 50, "Steps between evaluations.")
+flags.DEFINE_integer("batch_size", 32, "Batch size per worker (the CNN's SGD rate scales with it).")
+flags.DEFINE_integer("test_examples", 4000, "Test images evaluated, shared out among the workers.")
 flags.DEFINE_list("rates", ["1gbit", "10gbit", "none"], "Link rates to run (a subset of RUNS' keys).")
 flags.DEFINE_list("configs", None, "Configurations to run (default: every one of RUNS at each rate).")
 flags.DEFINE_bool("resume", False, "Keep the runs already in the JSON and run only the missing ones.")
@@ -85,7 +88,8 @@ def _warm_cache(cluster, cache, todo) -> None:
 def _run_one(cluster, model, rate, config, seed, cache) -> dict:
     command = cluster.horovodrun_args() + [
         sys.executable, "-m", "benchmarks.tta_worker", f"--model={model}", f"--config={config}",
-        f"--seed={seed}", f"--steps={FLAGS.steps}", f"--eval_every={FLAGS.eval_every}"]
+        f"--seed={seed}", f"--steps={FLAGS.steps}", f"--eval_every={FLAGS.eval_every}",
+        f"--batch_size={FLAGS.batch_size}", f"--test_examples={FLAGS.test_examples}"]
     started = time.perf_counter()
     run = cluster.run_json(command, "--json_out", f"{model} {rate} {config} seed {seed}",
                            env={"TFCOMP_CALIBRATION_CACHE": cache}, timeout=FLAGS.run_timeout)

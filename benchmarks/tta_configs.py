@@ -6,14 +6,23 @@ import horovod.tensorflow.keras as hvd
 
 import tfcomp
 
-__all__ = ["CONFIGS", "MODEL_OPTIMIZERS", "MOMENTUM", "make_compression"]
+__all__ = ["CONFIGS", "MODEL_OPTIMIZERS", "MOMENTUM", "REFERENCE_BATCH", "learning_rate", "make_compression"]
 
 MOMENTUM = 0.9
-# model -> (optimizer, learning rate, scaled by the workers)
+REFERENCE_BATCH = 32  # per worker, the batch of MODEL_OPTIMIZERS' rates
+# model -> (optimizer, learning rate per worker of REFERENCE_BATCH, scaled by the workers and the batch)
 MODEL_OPTIMIZERS = {"cnn": ("sgd", 0.025, True), "vit": ("adam", 0.001, False)}
 _SPARSIFIERS = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC, "topk": tfcomp.TopK}
 CONFIGS = ("dense", "fp16", "dragonn_0.01", "dragonn_0.001", "dgc_0.01", "topk_0.01", "intquant_8",
            "dragonn_0.01_partitioned")
+
+
+def learning_rate(model: str, workers: int, batch_size: int = REFERENCE_BATCH) -> float:
+    """The peak learning rate of `model`: an SGD rate (MODEL_OPTIMIZERS' scaled ones) times the
+    workers and times `batch_size` / REFERENCE_BATCH, the linear scaling rule for the global batch
+    (Goyal et al.); Adam's rate as it is."""
+    _, rate, scaled = MODEL_OPTIMIZERS[model]
+    return rate * workers * batch_size / REFERENCE_BATCH if scaled else rate
 
 
 def make_compression(config: str, optimizer: str):

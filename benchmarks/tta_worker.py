@@ -11,7 +11,7 @@ for the evaluation: the times recorded are training wall-clock seconds since the
 including the first step's tracing and tfcomp's calibration.
 
 Optimizers (`MODEL_OPTIMIZERS`): the CNN trains with SGD, momentum 0.9, learning rate 0.025 per
-worker times the workers, reached by a linear warm-up from 0.025 over the first --warmup_steps
+worker of batch 32 (scaled linearly with --batch_size) times the workers, reached by a linear warm-up from 0.025 over the first --warmup_steps
 steps (Goyal et al.'s gradual warm-up for linearly scaled rates; without it, plain Horovod's run of
 seed 0 diverged in its first 50 steps); the ViT with Adam at 0.001 (SGD with momentum reached 43 % after 400
 steps of batch 128 where Adam reached 77 %).
@@ -38,7 +38,7 @@ from absl import app, flags
 
 import tfcomp
 from examples import fashion_mnist
-from benchmarks.tta_configs import MODEL_OPTIMIZERS, MOMENTUM, make_compression
+from benchmarks.tta_configs import MODEL_OPTIMIZERS, MOMENTUM, REFERENCE_BATCH, learning_rate, make_compression
 from examples.models import build_model
 
 __all__ = ["LinearWarmup", "make_optimizer"]
@@ -49,7 +49,7 @@ flags.DEFINE_string("config", "dense", "One of benchmarks.tta_configs.CONFIGS.")
 flags.DEFINE_integer("seed", 0, "Seed of the initial weights and the shuffling.")
 flags.DEFINE_integer("steps", 400, "Training steps.")
 flags.DEFINE_integer("eval_every", 50, "Steps between evaluations.")
-flags.DEFINE_integer("batch_size", 32, "Batch size per worker.")
+flags.DEFINE_integer("batch_size", REFERENCE_BATCH, "Batch size per worker (a rate scaled by the workers scales with it too).")
 flags.DEFINE_float("lr", None, "Learning rate; unset: the model's (MODEL_OPTIMIZERS).")
 flags.DEFINE_integer("warmup_steps", 50, "Steps of linear learning-rate warm-up where the rate is scaled by the workers.")
 flags.DEFINE_integer("test_examples", 4000, "Test images evaluated (shared out among the workers).")
@@ -74,12 +74,14 @@ class LinearWarmup(tf.keras.optimizers.schedules.LearningRateSchedule):
         return {"start": self.start, "peak": self.peak, "steps": self.steps}
 
 
-def make_optimizer(model: str, corrected: bool, lr=None, warmup_steps: int = 0):
+def make_optimizer(model: str, corrected: bool, lr=None, warmup_steps: int = 0, batch_size: int = REFERENCE_BATCH):
     """The inner Keras optimizer of `model` (MODEL_OPTIMIZERS), at `lr` if given: plain SGD where
     the exchange `corrected` the optimizer (keeps its momentum or Adam's moments). A rate scaled
-    by the workers is reached by a linear warm-up over `warmup_steps` from one worker's rate."""
-    kind, default_lr, scaled = MODEL_OPTIMIZERS[model]
-    lr = (default_lr * hvd.size() if scaled else default_lr) if lr is None else lr
+    by the workers (SGD's) is scaled linearly by the global batch, `batch_size` per worker against
+    REFERENCE_BATCH (Goyal et al.), and reached by a linear warm-up over `warmup_steps` from one
+    worker's rate."""
+    kind, _, scaled = MODEL_OPTIMIZERS[model]
+    lr = learning_rate(model, hvd.size(), batch_size) if lr is None else lr
     if scaled and warmup_steps > 0:
         lr = LinearWarmup(lr / hvd.size(), lr, warmup_steps)
     if corrected:
@@ -140,7 +142,8 @@ def main(argv):
     x_test, y_test = fashion_mnist.test_arrays(FLAGS.test_examples)
     x_test, y_test = x_test[hvd.rank()::hvd.size()], y_test[hvd.rank()::hvd.size()]
 
-    optimizer = hvd.DistributedOptimizer(make_optimizer(FLAGS.model, corrected, FLAGS.lr, FLAGS.warmup_steps),
+    optimizer = hvd.DistributedOptimizer(make_optimizer(FLAGS.model, corrected, FLAGS.lr, FLAGS.warmup_steps,
+                                                        FLAGS.batch_size),
                                          compression=compression)
     model = build_model(FLAGS.model, x_test.shape[1:], 10)
     model.compile(optimizer=optimizer, metrics=["accuracy"],

@@ -40,23 +40,24 @@ COMPRESSORS = {
     "DGC+momentum": lambda: tfcomp.DGC(0.05, momentum=0.9, planning="off", min_elements=256),
     "DRAGONN+warmup": lambda: tfcomp.DRAGONN(0.05, warmup_steps=2, planning="off", min_elements=256),
     # Cost-model planning: calibrated, tensors merged into buckets, one strategy forced or chosen.
-    "DRAGONN buckets": lambda: tfcomp.DRAGONN(0.05, strategy="allgather"),
-    "DRAGONN AR-Topk STAR": lambda: tfcomp.DRAGONN(0.05, strategy="artopk"),
-    "TopK AR-Topk VAR": lambda: tfcomp.TopK(0.05, strategy="artopk", artopk_owner="var"),
-    "RandomK buckets": lambda: tfcomp.RandomK(0.05, strategy="allreduce"),
-    "IntQuant buckets": lambda: tfcomp.IntQuant(4, strategy="allreduce"),
+    "DRAGONN buckets": lambda: tfcomp.DRAGONN(0.05, strategy="allgather", min_elements=256),
+    "DRAGONN AR-Topk STAR": lambda: tfcomp.DRAGONN(0.05, strategy="artopk", min_elements=256),
+    "TopK AR-Topk VAR": lambda: tfcomp.TopK(0.05, strategy="artopk", artopk_owner="var", min_elements=256),
+    "RandomK buckets": lambda: tfcomp.RandomK(0.05, strategy="allreduce", min_elements=256),
+    "IntQuant buckets": lambda: tfcomp.IntQuant(4, strategy="allreduce", min_elements=256),
     # Per-tensor plans (no calibration) with the hash-partitioned allreduce forced.
     "DRAGONN partitioned": lambda: tfcomp.DRAGONN(0.05, strategy="partitioned", planning="off", min_elements=256),
     "DGC+momentum partitioned, limit 0.5": lambda: tfcomp.DGC(0.05, momentum=0.9, strategy="partitioned",
                                                               union_limit=0.5, planning="off", min_elements=256),
-    "DRAGONN auto plan": lambda: tfcomp.DRAGONN(0.05),
+    "DRAGONN auto plan": lambda: tfcomp.DRAGONN(0.05, min_elements=256),
     # Tried in training (where the plan compresses): 2 steps with it, 2 dense, the choice at the 5th of 8.
-    "DRAGONN auto plan, tried": lambda: tfcomp.DRAGONN(0.05, trial_steps=1),
+    "DRAGONN auto plan, tried": lambda: tfcomp.DRAGONN(0.05, trial_steps=1, min_elements=256),
 }
 
 
 def make_model(seed: int = 0) -> tf.keras.Model:
-    """A small MLP whose first kernel (32 x 24 = 768 elements) is compressed (planning="off", min_elements=256)."""
+    """A small MLP whose kernels (32 x 24 = 768 and 24 x 16 = 384 elements) may be compressed where a
+    compressor has min_elements=256."""
     tf.keras.utils.set_random_seed(seed)
     return tf.keras.Sequential([
         tf.keras.layers.Dense(24, activation="tanh", input_shape=(32,)),
@@ -566,7 +567,7 @@ def check_replan(report):
     report["spread/prediction checked"] = weights_spread(model)
 
     model = make_model()
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05))
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05, min_elements=256))
     model.compile(opt, loss="mse")
     callback = tfcomp.keras.Replan(after_steps=3, check_every=2)
     model.fit(x, y, batch_size=16, epochs=8, shuffle=False, verbose=0,

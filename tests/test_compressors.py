@@ -401,7 +401,7 @@ def test_defaults():
     assert tfcomp.DRAGONN().ratio == 0.001 and tfcomp.DGC().ratio == 0.001 and tfcomp.TopK().ratio == 0.001
     assert tfcomp.RandomK().ratio == 0.01 and tfcomp.QSGD().bits == 4
     for c in (tfcomp.DRAGONN(), tfcomp.DGC(), tfcomp.TopK(), tfcomp.RandomK(), tfcomp.EFSignSGD()):
-        assert c.error_feedback is True and c.momentum is None and c.warmup_steps == 0 and c.min_elements == 1024
+        assert c.error_feedback is True and c.momentum is None and c.warmup_steps == 0 and c.min_elements == 8192
     assert tfcomp.QSGD().error_feedback is False
 
 

@@ -41,7 +41,7 @@ def test_search_finds_the_best_partition_brute_force_finds(rng, trial):
     sizes = [int(rng.choice([8, 300, 5000, 2**16, 2**20])) for _ in range(int(rng.integers(3, 8)))]
     model = cluster(workers=int(rng.integers(2, 17)), gbps=float(rng.choice([0.5, 5, 100])),
                     c0=float(rng.uniform(1e-5, 1e-3)), c1=float(rng.uniform(1e-10, 1e-8)))
-    compressor = tfcomp.DRAGONN(0.01)
+    compressor = tfcomp.DRAGONN(0.01, min_elements=1)  # every tensor may be compressed
     tensors = backprop(sizes)
     strategies = cm.available_strategies(compressor)
     # The dynamic programme is exact for every number of groups.
@@ -60,6 +60,29 @@ def test_search_finds_the_best_partition_brute_force_finds(rng, trial):
     assert planning.predicted_exchange_time(plan) <= planning.all_dense_time(plan) * (1 + 1e-12)
     assert sorted(p for b in plan.buckets for p in b.positions) == list(range(len(sizes)))
     assert [p for b in plan.buckets for p in b.positions] == [p for p, _, _ in tensors]
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_tensors_under_min_elements_are_always_sent_dense(rng, trial):
+    """Whatever the network, small tensors (biases, normalisation gains) never enter a compressed
+    bucket; every tensor is in exactly one bucket; the plan is never slower than all dense; and the
+    large tensors are bucketed as they would be without the small ones."""
+    sizes = [int(rng.choice([10, 256, 1000, 5000, 2**16, 2**20])) for _ in range(int(rng.integers(2, 12)))]
+    min_elements = int(rng.choice([300, 1024, 6000]))
+    compressor = tfcomp.DRAGONN(0.01, min_elements=min_elements)
+    model = cluster(workers=int(rng.integers(2, 9)), gbps=float(rng.choice([0.1, 1.0, 100.0])))
+    ready = sorted(rng.uniform(0.0, 0.05, len(sizes))) if trial % 2 else None
+    plan = planning.make_plan(backprop(sizes), compressor, model, ready_seconds=ready)
+    assert sorted(p for b in plan.buckets for p in b.positions) == list(range(len(sizes)))
+    for b in plan.compressed:
+        assert all(sizes[p] >= min_elements for p in b.positions), (b, sizes)
+    assert planning.predicted_exchange_time(plan) <= planning.all_dense_time(plan) * (1 + 1e-12)
+    large = [(p, name, n) for p, name, n in backprop(sizes) if n >= min_elements]
+    if plan.compressed and large:
+        alone = planning.make_plan(large, compressor, model, ready_seconds=[
+            t for (_, _, n), t in zip(backprop(sizes), ready or [0.0] * len(sizes)) if n >= min_elements])
+        if alone.compressed:  # (both plans are also compared with all dense, which may tip one of them)
+            assert [b.positions for b in alone.compressed] == [b.positions for b in plan.compressed]
 
 
 def test_slow_network_compresses_the_big_tensors_fast_network_sends_dense():
@@ -99,8 +122,12 @@ def test_partitioned_allreduce_where_its_owner_budget_cuts_the_traffic(workers, 
 
 def test_forced_strategy_and_planning_off():
     sizes = [100, 5000, 2000, 3]
-    forced = planning.make_plan(backprop(sizes), tfcomp.DGC(0.1, strategy="artopk"), cluster(gbps=100.0))
+    forced = planning.make_plan(backprop(sizes), tfcomp.DGC(0.1, strategy="artopk", min_elements=1), cluster(gbps=100.0))
     assert {b.strategy for b in forced.buckets} == {"artopk"}
+    # Tensors under min_elements go dense even where the strategy is forced.
+    forced = planning.make_plan(backprop(sizes), tfcomp.DGC(0.1, strategy="artopk", min_elements=1024), cluster(gbps=100.0))
+    assert {(p, b.strategy) for b in forced.buckets for p in b.positions} == {
+        (0, "dense"), (1, "artopk"), (2, "artopk"), (3, "dense")}
     compressor = tfcomp.TopK(0.1, planning="off", min_elements=1000)
     off = planning.per_tensor_plan(backprop(sizes), compressor, cluster())
     assert [(b.positions, b.strategy) for b in off.buckets] == [((3,), "dense"), ((2,), "allgather"),
@@ -354,3 +381,23 @@ def test_a_strategys_per_slot_figure_prices_its_work_beside_the_allgathers(rng, 
             s: cm.strategy_time(s, elements, compressor, base).compression for s in times if s != strategy}
     huge_saving = dataclasses.replace(base, **{field: -1.0})
     assert cm.strategy_time(strategy, elements, compressor, huge_saving).compression == 0.0
+
+
+def test_a_new_plan_replaces_the_running_one_only_where_it_pays(rng):
+    """pays_to_replace prices both plans with the new plan's figures and asks for min_gain."""
+    sizes = [int(n) for n in rng.choice([2**12, 2**16, 2**20], int(rng.integers(2, 6)))]
+    model = cluster(workers=4, gbps=1.0)
+    ready = sorted(rng.uniform(0.0, 0.05, len(sizes)))
+    new = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.01), model, ready_seconds=ready)
+    dense = new.all_dense()
+    gain = 1.0 - planning.predicted_exchange_time(new) / planning.predicted_exchange_time(dense)
+    assert gain > 0.05  # a slow network: compressing pays
+    assert planning.pays_to_replace(dense, new, 0.05)
+    assert not planning.pays_to_replace(dense, new, gain + 1e-6)
+    assert not planning.pays_to_replace(new, new, 0.0)  # never replaces a plan with itself
+    # The running plan is priced with the new figures, not its own: made for a 100x faster network,
+    # the same buckets priced on this one lose by as much as they would.
+    stale = dataclasses.replace(dense, cluster=cluster(workers=4, gbps=100.0), ready={})
+    assert planning.pays_to_replace(stale, new, 0.05)
+    with pytest.raises(ValueError, match="min_gain"):
+        planning.pays_to_replace(dense, new, 1.0)

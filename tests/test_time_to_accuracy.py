@@ -58,3 +58,13 @@ def test_every_configuration_makes_its_compression():
     for bad in ("intquant_5", "dragonn", "qsgd_4", "intquant_8_partitioned"):
         with pytest.raises(ValueError, match="--config"):
             make_compression(bad, "sgd")
+
+
+def test_the_sgd_rate_scales_with_the_global_batch_and_adams_does_not(rng):
+    from benchmarks.tta_configs import MODEL_OPTIMIZERS, REFERENCE_BATCH, learning_rate
+
+    workers, batch = int(rng.integers(1, 9)), int(rng.integers(1, 129))
+    sgd_rate = MODEL_OPTIMIZERS["cnn"][1]
+    assert learning_rate("cnn", workers) == pytest.approx(sgd_rate * workers)
+    assert learning_rate("cnn", workers, batch) == pytest.approx(sgd_rate * workers * batch / REFERENCE_BATCH)
+    assert learning_rate("vit", workers, batch) == MODEL_OPTIMIZERS["vit"][1]

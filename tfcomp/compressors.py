@@ -50,7 +50,7 @@ __all__ = [
     "scale_values",
 ]
 
-DEFAULT_MIN_ELEMENTS = 1024
+DEFAULT_MIN_ELEMENTS = 8192  # 32 KiB of float32: biases, normalisation gains, small kernels go dense
 DEFAULT_TRIAL_STEPS = 10
 DEFAULT_UNION_LIMIT = 1.0
 
@@ -150,7 +150,8 @@ class Compressor:
       strategy: None (default: the cost model chooses per bucket) or one of "dense", "allgather",
         "allreduce", "artopk", "partitioned" to force it for every compressed bucket (see
         `tfcomp.cost_model.available_strategies`).
-      min_elements: with planning="off", tensors with fewer elements are sent dense (1 to 2^63 - 1).
+      min_elements: tensors with fewer elements are always sent dense, whatever the planning or the
+        forced strategy (1 to 2^63 - 1; default 8192).
       trial_steps: with planning="auto" and no forced strategy, a plan that compresses is tried in
         training (`tfcomp.trial`): `trial_steps` + 1 steps with it, as many dense, and it is kept
         only if its median step is at least 2 % shorter; else every bucket goes dense. 0: the cost

@@ -38,10 +38,12 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph, wire_bytes
 
-__all__ = ["COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "GradientExchange", "TensorRecord", "check_predivide_factor",
-           "check_tf2_mode", "exchange_of"]
+__all__ = ["COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "REPLAN_MIN_GAIN", "GradientExchange", "TensorRecord",
+           "check_predivide_factor", "check_tf2_mode", "exchange_of"]
 
 COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+REPLAN_MIN_GAIN = 0.05  # a new plan replaces the running one only where predicted this much faster: installing it
+# costs a new trace of the training step and a new trial (30 to 60 s for the ViT on 4 workers sharing 2 cores)
 DEPARTURE_THRESHOLD = 0.25  # check_prediction re-plans where the measured exchange departs by more
 
 
@@ -297,8 +299,9 @@ class GradientExchange(tf.Module):
         in the steps run so far (`timeline`: medians over its last steps, the latest over the ranks,
         since a collective waits for its slowest rank), so that the search weighs the overlap of
         dense buckets with the backward pass. Call it eagerly, on every rank at the same step
-        (`tfcomp.keras.Replan` does), after at least one step. Returns whether the plan changed:
-        then the training step must be traced again to run it (Keras: `model.make_train_function(
+        (`tfcomp.keras.Replan` does), after at least one step. Returns whether the plan changed
+        (only where the new plan is predicted REPLAN_MIN_GAIN faster than the running one, priced
+        with the same figures: `tfcomp.planning.pays_to_replace`): then the training step must be traced again to run it (Keras: `model.make_train_function(
         force=True)`, which the callback does; a custom loop: a new `tf.function`); the new plan is
         tried in training like the first. False (nothing done) with planning="off", a fixed plan
         or one worker. Residuals carry over; a bucket now sent dense sends its residual first. The
@@ -422,12 +425,15 @@ class GradientExchange(tf.Module):
 
     def _plan_again(self, entry, ready: list) -> bool:
         """Makes the plan of `entry`'s gradients with `ready` times; installs it where its buckets
-        differ (returns True: the step must be traced again), else keeps running the old one with
-        the new plan's figures."""
+        differ and it is predicted to end the exchange at least REPLAN_MIN_GAIN sooner than what
+        runs now (the old plan, or all dense where its trial dropped it) priced with the same
+        figures (returns True: the step must be traced again, and a plan that compresses is tried
+        again), else keeps running the old one with the new plan's figures."""
         with tf.init_scope():
             plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
-        if plan.digest() == entry.plan.digest():
-            entry.plan = self.plan = plan
+        running = entry.plan.all_dense() if self._plan_dropped() else entry.plan
+        if plan.digest() == entry.plan.digest() or not planning.pays_to_replace(running, plan, REPLAN_MIN_GAIN):
+            entry.plan = self.plan = replace(entry.plan, cluster=plan.cluster, ready=plan.ready)
             return False
         self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources)
         return True

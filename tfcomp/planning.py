@@ -33,7 +33,7 @@ import math
 from tfcomp import cost_model as cm
 
 __all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "digest", "fit_overlap_slowdown", "make_plan",
-           "network_explaining", "per_tensor_plan", "predicted_exchange_time"]
+           "network_explaining", "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
@@ -171,18 +171,45 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     compressing saves. Every candidate (each number of groups, and the best all-dense plan the plan
     is compared with) is priced by `predicted_exchange_time`, the function that prices the final
     plan; neighbouring dense buckets are merged only where that is not slower.
+
+    Tensors of fewer than `compressor.min_elements` elements are always sent dense (DRAGONN 004
+    Sec. 4.2: small tensors are not what limits scaling, and sparsifying them starves biases and
+    normalisation gains of updates); the search buckets the others, and the small ones go in dense
+    buckets of their own, merged with dense neighbours where that is not slower.
     """
     _check_cluster(cluster)
     tensors = list(tensors)
     if not tensors:
         return Plan((), {}, compressor, cluster)
     ready = _checked_ready(ready_seconds, len(tensors))
-    context = (tensors, {p: name for p, name, _ in tensors},
-               {p: t for (p, _, _), t in zip(tensors, ready)} if any(ready) else {})
+    names = {p: name for p, name, _ in tensors}
+    ready_by_position = {p: t for (p, _, _), t in zip(tensors, ready)} if any(ready) else {}
     strategies = (compressor.strategy,) if compressor.strategy else cm.available_strategies(compressor)
-    plan = _search(context, ready, strategies, compressor, cluster, max_groups, min_gain)
-    if plan.compressed and "dense" in strategies:
-        dense = _search(context, ready, ("dense",), compressor, cluster, max_groups, min_gain)
+
+    def search(kept, allowed) -> Plan:
+        members = [(t, r) for t, r in zip(tensors, ready) if kept(t)]
+        context = ([t for t, _ in members], names, ready_by_position)
+        return _search(context, [r for _, r in members], allowed, compressor, cluster, max_groups, min_gain)
+
+    def compressible(tensor) -> bool:
+        return tensor[2] >= compressor.min_elements
+
+    def everything(tensor) -> bool:
+        return True
+
+    if strategies == ("dense",) or not any(map(compressible, tensors)):
+        return search(everything, ("dense",))
+    plan = search(compressible, strategies)
+    if not all(map(compressible, tensors)):
+        # Tensors under min_elements go dense, in buckets of their own, merged with dense neighbours.
+        order = {p: i for i, (p, _, _) in enumerate(tensors)}
+        kept_dense = search(lambda t: not compressible(t), ("dense",)).buckets
+        buckets = sorted(plan.buckets + kept_dense, key=lambda b: min(order[p] for p in b.positions))
+        plan = _merge_neighbours(dataclasses.replace(plan, buckets=tuple(buckets)))
+    if not plan.compressed:
+        return search(everything, ("dense",))
+    if "dense" in strategies:
+        dense = search(everything, ("dense",))
         if predicted_exchange_time(dense) <= predicted_exchange_time(plan):
             # What compressed buckets cost once per exchange (cluster.compression_fixed) outweighs what they save.
             return dense
@@ -367,6 +394,16 @@ def _group_communication(strategy: str, elements: list, compressor, cluster: cm.
     if getattr(compressor, "artopk_owner", "star") == "var":
         seconds += cm.ring_allgather(4 * len(selected), k, cluster.allgather)
     return seconds
+
+
+def pays_to_replace(running: Plan, new: Plan, min_gain: float) -> bool:
+    """Whether `new` is predicted to end the exchange at least `min_gain` (a fraction) sooner than
+    `running` priced with `new`'s figures (its cluster and ready times): what replacing a plan in
+    training must gain to be worth a new trace of the step and a new trial."""
+    if not 0.0 <= min_gain < 1.0:
+        raise ValueError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
+    now = predicted_exchange_time(dataclasses.replace(running, cluster=new.cluster, ready=new.ready))
+    return predicted_exchange_time(new) < (1.0 - min_gain) * now
 
 
 def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float = 1e-4) -> float:
