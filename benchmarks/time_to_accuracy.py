@@ -17,8 +17,9 @@ tfcomp's default plan), with seeds 0 .. --seeds-1, interleaved: every seed runs 
 configuration before the next seed starts, the link rate re-shaped in place between runs. Each run
 records test accuracy against training wall-clock time (the clock stops for evaluation; it includes
 tracing and tfcomp's calibration). With --calibration_cache=warm (default) the compression costs
-come from a cache filled before the timed runs (each run still measures its networks), as in every
-job after a host's first; with none, every run measures everything.
+and each model's gradient-ready times come from a cache filled before the timed runs (each run
+still measures its networks), as in every job after a host's first; with none, every run measures
+everything.
 
 The target accuracy of a model is the mean final accuracy of its dense runs (all rates) less 0.5
 point. A run's time to target is the training time at the first evaluation at or above the target.
@@ -56,11 +57,14 @@ flags.DEFINE_list("configs", None, "Configurations to run (default: every one of
 flags.DEFINE_bool("resume", False, "Keep the runs already in the JSON and run only the missing ones.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON, Markdown and PNGs go.")
 flags.DEFINE_integer("run_timeout", 900, "Seconds before one training run is abandoned.")
+flags.DEFINE_integer("warmup_job_steps", 40, "--calibration_cache=warm: steps of each model's training job that "
+                     "measures its gradients' ready times (Replan caches them after 30).")
 flags.DEFINE_enum("calibration_cache", "warm", ["warm", "none"],
                   "warm: the runs share one calibration cache, filled before the timed runs by one calibration "
-                  "job per model and tfcomp configuration, so that every run measures its networks and takes "
-                  "the compression costs from the cache, as every job after a host's first does; none: no "
-                  "cache, every run measures everything, as a job on hosts that never calibrated does.")
+                  "job per model and tfcomp configuration and one short training job per model (its gradients' "
+                  "ready times), so that every run measures its networks and takes the compression costs and "
+                  "the ready times from the cache, as every job after a host's first does; none: no cache, "
+                  "every run measures everything, as a job on hosts that never calibrated does.")
 
 _UNCOMPRESSED = ("dense", "fp16")  # plain Horovod: no calibration
 
@@ -69,20 +73,36 @@ def _key(run: dict) -> tuple:
 
 
 def _warm_cache(cluster, cache, todo) -> None:
-    """Fills `cache` with the compression costs of every model and tfcomp configuration in `todo`:
-    one calibration job each (benchmarks/calibration_benchmark.py's worker), on the slowest link
-    rate of the runs, where the costs are measured in full (on a fast one a first stage may find
-    that compression cannot pay there and measure no more)."""
+    """Fills `cache` as the jobs before a host's later jobs would have: the compression costs of
+    every model and tfcomp configuration in `todo`, one calibration job each
+    (benchmarks/calibration_benchmark.py's worker), and each model's gradient-ready times, one
+    short training job each (`tta_worker` for --warmup_job_steps steps, whose `Replan` measures
+    them after 30 steps and caches them for the first plan of the next job of the model: they are
+    the backward pass's, whatever the configuration). All on the slowest link rate of the runs,
+    where the costs are measured in full (on a fast one a first stage may find that compression
+    cannot pay there and measure no more)."""
     rates = [rate for rate in ("1gbit", "10gbit", "none") if any(t[1] == rate for t in todo)]
     cluster.set_rate(None if rates[0] == "none" else rates[0])
-    for model, config in dict.fromkeys((model, config) for model, _, config, _ in todo if config not in _UNCOMPRESSED):
-        command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.calibration_benchmark", "--role=worker",
-                                               f"--calibrated_model={model}", f"--compressor_config={config}"]
-        done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": cache}, timeout=FLAGS.run_timeout, capture=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"calibrating {model} {config} failed (exit {done.returncode}):\n"
-                               f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}")
+    compressed = dict.fromkeys((model, config) for model, _, config, _ in todo if config not in _UNCOMPRESSED)
+    for model, config in compressed:
+        _run_warming_job(cluster, cache, f"calibrating {model} {config}", [
+            "benchmarks.calibration_benchmark", "--role=worker", f"--calibrated_model={model}",
+            f"--compressor_config={config}"])
         print(f"calibration cache: {model} {config} measured", flush=True)
+    for model, config in {model: config for model, config in reversed(list(compressed))}.items():
+        _run_warming_job(cluster, cache, f"ready times of {model}", [
+            "benchmarks.tta_worker", f"--model={model}", f"--config={config}", "--seed=1000",
+            f"--steps={FLAGS.warmup_job_steps}", f"--eval_every={FLAGS.warmup_job_steps}",
+            f"--batch_size={FLAGS.batch_size}", "--test_examples=400"])
+        print(f"calibration cache: {model} ready times measured ({config}, {FLAGS.warmup_job_steps} steps)", flush=True)
+
+
+def _run_warming_job(cluster, cache, what: str, module_args: list) -> None:
+    command = cluster.horovodrun_args() + [sys.executable, "-m", *module_args]
+    done = cluster.run(command, env={"TFCOMP_CALIBRATION_CACHE": cache}, timeout=FLAGS.run_timeout, capture=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n"
+                           f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}")
 
 
 def _run_one(cluster, model, rate, config, seed, cache) -> dict:
