@@ -187,7 +187,8 @@ def test_probes_compress_with_the_costs_settings_only(monkeypatch):
                         lambda compressor, *args: probed.append(compressor) or original(compressor, *args))
     compressor = tfcomp.DGC(0.01, warmup_steps=10**6, strategy="allgather", min_elements=2**20, momentum=0.9)
     calibration.measure_compression(compressor, 2, 2**16)
-    assert probed and all(p.warmup_steps == 0 and p.strategy is None and p.min_elements == 1024 for p in probed)
+    assert probed and all(p.warmup_steps == 0 and p.strategy is None
+                      and p.min_elements == tfcomp.compressors.DEFAULT_MIN_ELEMENTS for p in probed)
     assert all(p.momentum == 0.9 and p.ratio == 0.01 and type(p) is tfcomp.DGC for p in probed)
     assert (compressor.warmup_steps, compressor.strategy, compressor.min_elements) == (10**6, "allgather", 2**20)
 
