@@ -900,3 +900,10 @@ def test_a_second_calibration_is_spent_only_where_a_network_could_change_the_pla
     compressing = planning.make_plan(tensors, compressor, slow, ready_seconds=ready)
     assert compressing.compressed
     assert could_change(compressing, ready, planning.predicted_exchange_time(compressing)) is True
+
+
+def test_replan_names_a_bad_min_gain():
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.01))
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"min_gain must be a fraction in \[0, 1\)"):
+            exchange.replan(min_gain=bad)

@@ -16,7 +16,7 @@ def build():
     model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="tanh", input_shape=(32,)),
                                  tf.keras.layers.Dense(1)])
     opt = tfcomp.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.5),
-                                      compression=tfcomp.DRAGONN(0.01, strategy="allgather"))
+                                      compression=tfcomp.DRAGONN(0.01, strategy="allgather", min_elements=1))
     model.compile(opt, "mse")
     return model, opt
 

@@ -42,8 +42,9 @@ __all__ = ["COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "REPLAN_MIN_GAIN", "Gra
            "check_predivide_factor", "check_tf2_mode", "exchange_of"]
 
 COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
-REPLAN_MIN_GAIN = 0.05  # a new plan replaces the running one only where predicted this much faster: installing it
-# costs a new trace of the training step and a new trial (30 to 60 s for the ViT on 4 workers sharing 2 cores)
+REPLAN_MIN_GAIN = 0.05  # a new plan replaces the running one only where predicted to save this fraction of the
+# running exchange's part after the backward pass: installing it costs a new trace of the training step and a new
+# trial (about a minute for the ViT on 4 workers sharing 2 cores)
 DEPARTURE_THRESHOLD = 0.25  # check_prediction re-plans where the measured exchange departs by more
 
 
@@ -294,19 +295,22 @@ class GradientExchange(tf.Module):
         self.plan, self.trial, self.timeline = plan, runtime.trial, runtime.timeline
         return entry
 
-    def replan(self) -> bool:
+    def replan(self, min_gain: float = REPLAN_MIN_GAIN) -> bool:
         """Makes the plan of the last list of gradients again, with when each gradient became ready
         in the steps run so far (`timeline`: medians over its last steps, the latest over the ranks,
         since a collective waits for its slowest rank), so that the search weighs the overlap of
         dense buckets with the backward pass. Call it eagerly, on every rank at the same step
         (`tfcomp.keras.Replan` does), after at least one step. Returns whether the plan changed
-        (only where the new plan is predicted REPLAN_MIN_GAIN faster than the running one, priced
-        with the same figures: `tfcomp.planning.pays_to_replace`): then the training step must be traced again to run it (Keras: `model.make_train_function(
+        (only where the new plan is predicted to save `min_gain` of the running one's exchange
+        after the backward pass, both priced with the same figures: `tfcomp.planning.pays_to_replace`):
+        then the training step must be traced again to run it (Keras: `model.make_train_function(
         force=True)`, which the callback does; a custom loop: a new `tf.function`); the new plan is
         tried in training like the first. False (nothing done) with planning="off", a fixed plan
         or one worker. Residuals carry over; a bucket now sent dense sends its residual first. The
         ready times are cached (`tfcomp.calibration.store_ready_times`) for the first plan of a
         later job of the same model on the same hosts."""
+        if not 0.0 <= min_gain < 1.0:
+            raise ValueError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
         entry = self._replannable()
         if entry is None:
             return False
@@ -316,7 +320,7 @@ class GradientExchange(tf.Module):
                                "training has run")
         ready, _ = self._latest_over_ranks(entry, measured)
         self._planner.keep_ready_times(entry.tensors, ready)
-        changed = self._plan_again(entry, ready)
+        changed = self._plan_again(entry, ready, min_gain)
         if changed and self._collectives.rank == 0:
             logging.info("tfcomp: re-planned with the gradients' ready times measured over %d steps\n%s",
                          measured["steps"], self.plan.table())
@@ -423,16 +427,16 @@ class GradientExchange(tf.Module):
         latest = np.max(np.reshape(gathered.numpy(), [self._collectives.size, -1]), axis=0)
         return [float(latest[p]) for p, _, _ in entry.tensors], float(latest[-1])
 
-    def _plan_again(self, entry, ready: list) -> bool:
+    def _plan_again(self, entry, ready: list, min_gain: float = REPLAN_MIN_GAIN) -> bool:
         """Makes the plan of `entry`'s gradients with `ready` times; installs it where its buckets
-        differ and it is predicted to end the exchange at least REPLAN_MIN_GAIN sooner than what
-        runs now (the old plan, or all dense where its trial dropped it) priced with the same
-        figures (returns True: the step must be traced again, and a plan that compresses is tried
-        again), else keeps running the old one with the new plan's figures."""
+        differ and it pays to replace what runs now (the old plan, or all dense where its trial
+        dropped it; `planning.pays_to_replace` with `min_gain`) (returns True: the step must be
+        traced again, and a plan that compresses is tried again), else keeps running the old one
+        with the new plan's figures."""
         with tf.init_scope():
             plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
         running = entry.plan.all_dense() if self._plan_dropped() else entry.plan
-        if plan.digest() == entry.plan.digest() or not planning.pays_to_replace(running, plan, REPLAN_MIN_GAIN):
+        if plan.digest() == entry.plan.digest() or not planning.pays_to_replace(running, plan, min_gain):
             entry.plan = self.plan = replace(entry.plan, cluster=plan.cluster, ready=plan.ready)
             return False
         self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources)

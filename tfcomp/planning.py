@@ -397,13 +397,16 @@ def _group_communication(strategy: str, elements: list, compressor, cluster: cm.
 
 
 def pays_to_replace(running: Plan, new: Plan, min_gain: float) -> bool:
-    """Whether `new` is predicted to end the exchange at least `min_gain` (a fraction) sooner than
-    `running` priced with `new`'s figures (its cluster and ready times): what replacing a plan in
-    training must gain to be worth a new trace of the step and a new trial."""
+    """Whether `new` is predicted to end the exchange sooner than `running`, priced with `new`'s
+    figures (its cluster and ready times), by at least `min_gain` (a fraction) of the part of
+    `running`'s exchange that outlasts the backward pass (its last gradient): what replacing a plan
+    in training must gain to be worth a new trace of the step and a new trial. (Relative to the
+    part a plan can change: the whole exchange also spans the backward pass.)"""
     if not 0.0 <= min_gain < 1.0:
         raise ValueError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
     now = predicted_exchange_time(dataclasses.replace(running, cluster=new.cluster, ready=new.ready))
-    return predicted_exchange_time(new) < (1.0 - min_gain) * now
+    exposed = now - max(new.ready.values(), default=0.0)
+    return now - predicted_exchange_time(new) > min_gain * exposed
 
 
 def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float = 1e-4) -> float:
