@@ -89,12 +89,16 @@ def _warm_cache(cluster, cache, todo) -> None:
             "benchmarks.calibration_benchmark", "--role=worker", f"--calibrated_model={model}",
             f"--compressor_config={config}"])
         print(f"calibration cache: {model} {config} measured", flush=True)
-    for model, config in {model: config for model, config in reversed(list(compressed))}.items():
+    first_config = {}
+    for model, config in compressed:
+        first_config.setdefault(model, config)
+    for model, config in first_config.items():
         _run_warming_job(cluster, cache, f"ready times of {model}", [
             "benchmarks.tta_worker", f"--model={model}", f"--config={config}", "--seed=1000",
             f"--steps={FLAGS.warmup_job_steps}", f"--eval_every={FLAGS.warmup_job_steps}",
             f"--batch_size={FLAGS.batch_size}", "--test_examples=400"])
-        print(f"calibration cache: {model} ready times measured ({config}, {FLAGS.warmup_job_steps} steps)", flush=True)
+        print(f"calibration cache: {model} ready times measured ({config}, {FLAGS.warmup_job_steps} steps)",
+              flush=True)
 
 
 def _run_warming_job(cluster, cache, what: str, module_args: list) -> None:

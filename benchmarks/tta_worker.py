@@ -11,10 +11,11 @@ for the evaluation: the times recorded are training wall-clock seconds since the
 including the first step's tracing and tfcomp's calibration.
 
 Optimizers (`MODEL_OPTIMIZERS`): the CNN trains with SGD, momentum 0.9, learning rate 0.025 per
-worker of batch 32 (scaled linearly with --batch_size) times the workers, reached by a linear warm-up from 0.025 over the first --warmup_steps
-steps (Goyal et al.'s gradual warm-up for linearly scaled rates; without it, plain Horovod's run of
-seed 0 diverged in its first 50 steps); the ViT with Adam at 0.001 (SGD with momentum reached 43 % after 400
-steps of batch 128 where Adam reached 77 %).
+worker of batch 32 (scaled linearly with --batch_size) times the workers, reached by a linear
+warm-up from one worker's rate over the first --warmup_steps steps (Goyal et al.'s gradual warm-up
+for linearly scaled rates; without it, plain Horovod's run of seed 0 diverged in its first 50
+steps); the ViT with Adam at 0.001 (SGD with momentum reached 43 % after 400 steps of batch 128
+where Adam reached 77 %).
 
 Configurations (`benchmarks.tta_configs.CONFIGS`): `dense` (stock Horovod allreduce) and `fp16`
 (Horovod's fp16 compression); `intquant_8`: `tfcomp.IntQuant(8)` (levels summed by an int32
@@ -49,7 +50,8 @@ flags.DEFINE_string("config", "dense", "One of benchmarks.tta_configs.CONFIGS.")
 flags.DEFINE_integer("seed", 0, "Seed of the initial weights and the shuffling.")
 flags.DEFINE_integer("steps", 400, "Training steps.")
 flags.DEFINE_integer("eval_every", 50, "Steps between evaluations.")
-flags.DEFINE_integer("batch_size", REFERENCE_BATCH, "Batch size per worker (a rate scaled by the workers scales with it too).")
+flags.DEFINE_integer("batch_size", REFERENCE_BATCH,
+                     "Batch size per worker (a rate scaled by the workers scales with it too).")
 flags.DEFINE_float("lr", None, "Learning rate; unset: the model's (MODEL_OPTIMIZERS).")
 flags.DEFINE_integer("warmup_steps", 50, "Steps of linear learning-rate warm-up where the rate is scaled by the workers.")
 flags.DEFINE_integer("test_examples", 4000, "Test images evaluated (shared out among the workers).")

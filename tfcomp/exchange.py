@@ -309,8 +309,7 @@ class GradientExchange(tf.Module):
         or one worker. Residuals carry over; a bucket now sent dense sends its residual first. The
         ready times are cached (`tfcomp.calibration.store_ready_times`) for the first plan of a
         later job of the same model on the same hosts."""
-        if not 0.0 <= min_gain < 1.0:
-            raise ValueError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
+        planning.check_min_gain(min_gain)  # also where the new plan turns out the same
         entry = self._replannable()
         if entry is None:
             return False

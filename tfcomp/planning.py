@@ -32,8 +32,8 @@ import math
 
 from tfcomp import cost_model as cm
 
-__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "digest", "fit_overlap_slowdown", "make_plan",
-           "network_explaining", "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
+__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain", "digest", "fit_overlap_slowdown",
+           "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
@@ -396,14 +396,19 @@ def _group_communication(strategy: str, elements: list, compressor, cluster: cm.
     return seconds
 
 
+def check_min_gain(min_gain) -> None:
+    """ValueError naming `min_gain` unless it is a fraction in [0, 1) (what a re-plan must gain)."""
+    if not 0.0 <= min_gain < 1.0:
+        raise ValueError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
+
+
 def pays_to_replace(running: Plan, new: Plan, min_gain: float) -> bool:
     """Whether `new` is predicted to end the exchange sooner than `running`, priced with `new`'s
     figures (its cluster and ready times), by at least `min_gain` (a fraction) of the part of
     `running`'s exchange that outlasts the backward pass (its last gradient): what replacing a plan
     in training must gain to be worth a new trace of the step and a new trial. (Relative to the
     part a plan can change: the whole exchange also spans the backward pass.)"""
-    if not 0.0 <= min_gain < 1.0:
-        raise ValueError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
+    check_min_gain(min_gain)
     now = predicted_exchange_time(dataclasses.replace(running, cluster=new.cluster, ready=new.ready))
     exposed = now - max(new.ready.values(), default=0.0)
     return now - predicted_exchange_time(new) > min_gain * exposed
