@@ -50,6 +50,30 @@ def test_adam_matches_reference(rng, shape, with_residual):
         assert_same_bits(result.numpy(), expected)
 
 
+def test_shared_bias_corrections_give_the_same_bits(rng):
+    """adam_accumulate with adam_bias_corrections computed once (as the exchange shares them over
+    a step's tensors) gives what it gives from the step, also in a tf.function with a tensor step."""
+    g, m, r = sprinkled(rng, (3000,)), sprinkled(rng, (3000,), 0.1), sprinkled(rng, (3000,), 0.5)
+    v = np.abs(sprinkled(rng, (3000,), 0.01))
+    beta_1, beta_2, epsilon = float(rng.uniform(0.8, 0.95)), float(rng.uniform(0.99, 0.9999)), 1e-7
+    step = tf.constant(int(rng.integers(1, 5000)), tf.int64)
+
+    @tf.function
+    def shared(step):
+        return ops.adam_accumulate(g, m, v, None, beta_1, beta_2, epsilon, residual=r,
+                                   bias_corrections=ops.adam_bias_corrections(step, beta_1, beta_2))
+
+    for got, want in zip(shared(step), ref.adam_accumulate(g, m, v, int(step), beta_1, beta_2, epsilon, r)):
+        assert_same_bits(got.numpy(), want)
+
+
+@pytest.mark.parametrize("step, corrections", [(None, None), (3, (0.1, 0.01))], ids=["neither", "both"])
+def test_adam_needs_exactly_one_of_step_and_corrections(rng, step, corrections):
+    g = rng.standard_normal(10).astype(np.float32)
+    with pytest.raises(ValueError, match="exactly one of step and bias_corrections"):
+        ops.adam_accumulate(g, g, np.abs(g), step, 0.9, 0.999, 1e-7, bias_corrections=corrections)
+
+
 def test_the_same_as_the_tensorflow_ops_they_replace(rng):
     """What the exchange computed with one TensorFlow op per operation, bit for bit."""
     g, u, r = (rng.standard_normal(50_000).astype(np.float32) for _ in range(3))

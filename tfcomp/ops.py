@@ -31,6 +31,7 @@ __all__ = [
     "OpLibraryError",
     "REBUILD_COMMAND",
     "adam_accumulate",
+    "adam_bias_corrections",
     "dgc_compress",
     "dragonn_compress",
     "estimate_threshold",
@@ -562,8 +563,17 @@ def momentum_accumulate(grad, momentum, mu: float, residual=None, name: str | No
     return new_momentum, accumulated
 
 
+def adam_bias_corrections(step, beta_1: float, beta_2: float) -> tuple:
+    """(1 - beta_1^t, 1 - beta_2^t), float32 scalars: Adam's bias corrections for the step t
+    (`step`, a number or a real scalar tensor, cast to float32), as `adam_accumulate` computes
+    them; computed once, they serve every tensor of a step."""
+    beta_1, beta_2 = _finite_coefficient("beta_1", beta_1), _finite_coefficient("beta_2", beta_2)
+    t = tf.cast(step, tf.float32)
+    return 1.0 - tf.pow(tf.constant(beta_1, tf.float32), t), 1.0 - tf.pow(tf.constant(beta_2, tf.float32), t)
+
+
 def adam_accumulate(grad, m, v, step, beta_1: float, beta_2: float, epsilon: float, residual=None,
-                    name: str | None = None) -> tuple:
+                    name: str | None = None, bias_corrections=None) -> tuple:
     """Error feedback's accumulation under the Adam correction, in one pass.
 
     m' = beta_1 m + (1 - beta_1) g, v' = beta_2 v + (1 - beta_2) g^2, and the accumulated gradient
@@ -574,19 +584,23 @@ def adam_accumulate(grad, m, v, step, beta_1: float, beta_2: float, epsilon: flo
     Args:
       grad: float32 tensor of any shape (< 2^31 elements).
       m, v: float32 tensors of grad's shape, Adam's moments.
-      step: the step t of the bias corrections, a number or a real scalar tensor (cast to float32).
+      step: the step t of the bias corrections, a number or a real scalar tensor (cast to float32);
+        None where `bias_corrections` gives them.
       beta_1, beta_2, epsilon: finite real Python numbers.
       residual: None, or a float32 tensor of grad's shape, r.
       name: optional op name.
+      bias_corrections: None, or `adam_bias_corrections(t, beta_1, beta_2)` of the same betas,
+        shared by the tensors of one step (fewer ops in the step's graph).
 
     Returns:
       (new_m, new_v, accumulated), float32 tensors of grad's shape.
     """
+    if (step is None) == (bias_corrections is None):
+        raise ValueError("adam_accumulate needs exactly one of step and bias_corrections, got "
+                         f"step={step!r}, bias_corrections={bias_corrections!r}")
     beta_1, beta_2 = _finite_coefficient("beta_1", beta_1), _finite_coefficient("beta_2", beta_2)
     epsilon = _finite_coefficient("epsilon", epsilon)
-    t = tf.cast(step, tf.float32)
-    m_correction = 1.0 - tf.pow(tf.constant(beta_1, tf.float32), t)
-    v_correction = 1.0 - tf.pow(tf.constant(beta_2, tf.float32), t)
+    m_correction, v_correction = bias_corrections or adam_bias_corrections(step, beta_1, beta_2)
     new_m, new_v, accumulated = load_library().tfcomp_adam_accumulate(
         _float32_input("grad", grad), _float32_input("m", m), _float32_input("v", v), _residual_list(residual),
         m_correction, v_correction, beta_1=beta_1, one_minus_beta_1=1.0 - beta_1,

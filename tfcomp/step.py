@@ -63,7 +63,8 @@ class _MemoryUpdate(NamedTuple):
     dense step, which sent everything), still to be cleared at the (values, indices) this worker
     sent (`cleared`; None: nothing to clear), and the optimizer's moments (a tuple of float32 [n]:
     DGC's momentum u, cleared with the residual, or Adam's m and v, never cleared; None without).
-    `residual_kept`: the residual was not sent (a dense step that knows it is zero): left alone."""
+    `residual_kept`: the residual was not sent (a dense step that knows it is zero, or one whose
+    flag, which clears it, is handled by `StepGraph._with_memory_update`): left alone."""
 
     residual: object
     moments: object
@@ -234,7 +235,7 @@ class StepGraph:
         with tf.init_scope():
             if self.compressor.error_feedback:
                 sizes = [None if g is None else int(g.shape.num_elements() or 0) for g in grads]
-                for bucket in plan.compressed + self._dense_buckets_with_memory(plan, sources, sizes, flush=False):
+                for bucket in plan.compressed + self._dense_buckets_with_memory(plan, sources, sizes, flush=None):
                     for i in bucket.positions:
                         self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
                                                    self.compressor.optimizer_state)
@@ -274,7 +275,8 @@ class StepGraph:
         twin). Where a dense bucket's tensor has error-feedback memory, its residual is sent (and
         cleared) only while `runtime.flush[variant]` is set: a residual is left after a restore and,
         for the dense twin, after each step of the plan's compressed buckets; once sent it stays
-        zero, and later dense steps leave it alone."""
+        zero, and later dense steps leave it alone. The flag selects, tensor by tensor, whether the
+        residual is added and cleared: the reduction itself is built once."""
         sizes = [int(g.shape.num_elements() or 0) for g in grads]
         memory = self.state.memory if self.compressor.error_feedback else None
         with_residuals = memory is not None and any(
@@ -282,18 +284,16 @@ class StepGraph:
         if plan.compressed:
             runtime.flush["dense"].assign(True)
         if not with_residuals:
-            return self._reduce_once(plan, grads, sources, sizes, flush=False)
+            return self._reduce_once(plan, grads, sources, sizes, flush=None)
         flag = runtime.flush[variant]
+        out = self._reduce_once(plan, grads, sources, sizes, flush=flag.read_value())
+        # Automatic control dependencies order the assignment after every read of the flag above.
+        with tf.control_dependencies([flag.assign(False)]):
+            return [o if isinstance(o, tf.IndexedSlices) else tf.identity(o) for o in out]
 
-        def flushed():
-            out = self._reduce_once(plan, grads, sources, sizes, flush=True)
-            with tf.control_dependencies([flag.assign(False)]):
-                return [o if isinstance(o, tf.IndexedSlices) else tf.identity(o) for o in out]
-
-        return tf.cond(flag, flushed, lambda: self._reduce_once(plan, grads, sources, sizes, flush=False))
-
-    def _reduce_once(self, plan, grads, sources, sizes, flush: bool):
-        """`_reduce` for one setting of `flush` (whether dense buckets send their residuals)."""
+    def _reduce_once(self, plan, grads, sources, sizes, flush):
+        """`_reduce` with `flush`: None where no dense bucket's tensor has a residual, else a bool
+        scalar tensor, set where the dense buckets' residuals are to be sent and cleared."""
         out = [None] * len(grads)
         compressed = plan.compressed
         planned = {p for b in plan.buckets for p in b.positions}
@@ -316,7 +316,7 @@ class StepGraph:
                              for b in plan.buckets if b.strategy == "dense"]
             self._place(compressed + memory_dense,
                         self._buckets_with_memory(compressed, memory_dense, [n for n in memory_groups if n], grads,
-                                                  sources, sizes, out, residual_sent=flush),
+                                                  sources, sizes, out, flush),
                         grads, sizes, out)
         return out
 
@@ -329,18 +329,18 @@ class StepGraph:
 
     # -- dense -------------------------------------------------------------------------------------
 
-    def _dense_buckets_with_memory(self, plan, sources, sizes, flush: bool) -> tuple:
+    def _dense_buckets_with_memory(self, plan, sources, sizes, flush) -> tuple:
         """The tensors of the plan's dense buckets that go through error-feedback memory, as
         one-tensor buckets (so that their moments need no concatenated copy; one grouped allreduce
         per dense bucket still sends them): under DGC momentum or Adam correction all of them, and
-        with `flush` also every other one whose tensor has a residual (to send it). `sizes`:
-        elements of each gradient, by position."""
+        unless `flush` is None also every other one whose tensor has a residual (to send it where
+        the flag is set). `sizes`: elements of each gradient, by position."""
         if not self.compressor.error_feedback:
             return ()
         corrected, memory = bool(self.compressor.optimizer_state), self.state.memory
         return tuple(dataclasses.replace(b, positions=(i,), elements=sizes[i])
                      for b in plan.buckets if b.strategy == "dense" for i in b.positions
-                     if corrected or (flush and memory.has(sources[i])))
+                     if corrected or (flush is not None and memory.has(sources[i])))
 
     def _dense_factors(self):
         if self.op == hvd.Average:
@@ -364,57 +364,96 @@ class StepGraph:
     # -- compressed --------------------------------------------------------------------------------
 
     def _buckets_with_memory(self, compressed, memory_dense, dense_groups, grads, sources, sizes, dense_results,
-                             residual_sent: bool):
+                             flush):
         """The reduced flat float32 tensor of each compressed bucket, then of each one-tensor bucket
         of a dense bucket that goes through memory (`_dense_buckets_with_memory`, sent by one
         grouped allreduce per `dense_groups` consecutive ones: the plan's dense buckets; their
-        residuals added and cleared only if `residual_sent`), with their memory updated (all of
-        it, or none where any reduced gradient is not finite)."""
+        residuals added and cleared only where the bool scalar tensor `flush` is set, never where
+        it is None), with their memory updated (all of it, or none where any reduced gradient is
+        not finite)."""
         compressor = self.compressor
         buckets = compressed + memory_dense
-        accumulated = [self._accumulate_bucket(b, grads, sources) for b in compressed]
-        accumulated += [self._accumulate_bucket(b, grads, sources, residual_sent) for b in memory_dense]
+        # Adam's bias corrections of this step, shared by every tensor.
+        corrections = None if compressor.adam is None else ops.adam_bias_corrections(
+            self.state.step + 1, *compressor.adam[:2])
+        accumulated = [self._accumulate_bucket(b, grads, sources, corrections=corrections) for b in compressed]
+        accumulated += self._accumulate_flushed(memory_dense, grads, sources, flush, corrections)
         sparse, dense = accumulated[:len(compressed)], accumulated[len(compressed):]
-        kept = [False] * len(compressed) + [not residual_sent] * len(memory_dense)
+        # The dense buckets' residuals are left to `flushed`, cleared where `flush` is set.
+        kept = [False] * len(compressed) + [True] * len(memory_dense)
+        flushed = None if flush is None or not memory_dense else (flush, [
+            self.state.memory.residual(sources[i], sizes[i], compressor.optimizer_state)
+            for b in memory_dense for i in b.positions])
+        # Uncorrected and all dense, the memory changes only where residuals are flushed.
+        only_if = None if compressed or compressor.optimizer_state else flush
 
         def send_compressed():
             reduced, updates, finite = self._send_compressed(sparse, compressed) if compressed else ([], [], [])
             reduced_dense, updates_dense = self._send_dense(dense, kept[len(compressed):], dense_groups) if dense \
                 else ([], [])
             return self._with_memory_update(buckets, sources, sizes, reduced + reduced_dense, updates + updates_dense,
-                                            dense_results, finite)
+                                            dense_results, finite, flushed, only_if)
 
         if compressor.warmup_steps > 0 and compressed:
             def send_dense():
                 return self._with_memory_update(buckets, sources, sizes, *self._send_dense(accumulated, kept),
-                                                dense_results)
+                                                dense_results, flushed=flushed)
 
             return tf.cond(self.state.step < compressor.warmup_steps, send_dense, send_compressed)
         return send_compressed()
 
-    def _with_memory_update(self, buckets, sources, sizes, reduced, updates, dense_results, finite=()):
+    def _accumulate_flushed(self, buckets, grads, sources, flush, corrections) -> list:
+        """`_accumulate_bucket` of each of the dense buckets with memory `buckets`, their residuals
+        added where the bool scalar tensor `flush` is set (one tf.cond for them all), never where it
+        is None."""
+        if flush is None or not buckets:
+            return [self._accumulate_bucket(b, grads, sources, False, corrections) for b in buckets]
+
+        def accumulate(with_residual: bool):
+            return [(acc,) + (moments or ()) for acc, moments in
+                    (self._accumulate_bucket(b, grads, sources, with_residual, corrections) for b in buckets)]
+
+        rows = tf.cond(flush, lambda: accumulate(True), lambda: accumulate(False))
+        return [(row[0], tuple(row[1:]) or None) for row in rows]
+
+    def _with_memory_update(self, buckets, sources, sizes, reduced, updates, dense_results, finite=(), flushed=None,
+                            only_if=None):
         """`reduced`, once the buckets' memory is updated: unless some reduced gradient (of the
         buckets, or of the floating-point `dense_results`) is not finite (a step a loss-scale
         optimizer skips), when the memory stays as it was. `finite`: whether each of the first
         reduced tensors is finite, where the payloads already tell (the compressed buckets: no
-        pass over their dense results); the others are checked."""
+        pass over their dense results); the others are checked. `flushed`: None, or (bool scalar
+        tensor, residual variables) to clear where it is set (sent by dense buckets). `only_if` (a
+        bool scalar tensor, or None: always): the updates change nothing unless it is set, and
+        neither they nor the check run then."""
         if not self.compressor.error_feedback:
             return reduced
         dense = [tf.convert_to_tensor(o) for o in dense_results if o is not None and o.dtype.is_floating]
-        finite = list(finite) + [_all_finite(list(reduced)[len(finite):] + dense)]
-        keep = tf.logical_not(tf.reduce_all(finite))
-        assigned = tf.cond(keep, tf.no_op, lambda: tf.group(
-            [self._update_memory(b, sources, sizes, u) for b, u in zip(buckets, updates)]))
+
+        def all_finite():
+            return tf.reduce_all(list(finite) + [_all_finite(list(reduced)[len(finite):] + dense)])
+
+        def update_memory():
+            assignments = [self._update_memory(b, sources, sizes, u) for b, u in zip(buckets, updates)]
+            if flushed is not None:
+                flag, residuals = flushed
+                assignments.append(tf.cond(flag, lambda: tf.group(
+                    [r.assign(tf.zeros_like(r), read_value=False) for r in residuals]), tf.no_op))
+            return tf.group(assignments)
+
+        update = all_finite() if only_if is None else tf.cond(only_if, all_finite, lambda: tf.constant(False))
+        assigned = tf.cond(update, update_memory, tf.no_op)
         with tf.control_dependencies([assigned]):
             return [tf.identity(r) for r in reduced]
 
-    def _accumulate_bucket(self, bucket, grads, sources, with_residual: bool = True):
+    def _accumulate_bucket(self, bucket, grads, sources, with_residual: bool = True, corrections=None):
         """(flat float32 gradients plus memory of the bucket's tensors, concatenated, or an
         `_Unsummed` gradient and residual where the compressor's kernels add them; their new
         optimizer moments, each concatenated, or None). Without `with_residual` the residuals
-        (known to be zero) are not read."""
+        (known to be zero) are not read. `corrections`: under Adam correction, this step's
+        `ops.adam_bias_corrections`."""
         apart = self.compressor.fuses_residual and bucket.strategy not in ("artopk", "dense")
-        parts = [self._accumulate(grads[i], sources[i], apart, with_residual) for i in bucket.positions]
+        parts = [self._accumulate(grads[i], sources[i], apart, with_residual, corrections) for i in bucket.positions]
         if all(isinstance(acc, _Unsummed) for acc, _ in parts):
             accumulated = _Unsummed([g for acc, _ in parts for g in acc.grads],
                                     [r for acc, _ in parts for r in acc.residuals])
@@ -423,13 +462,13 @@ class StepGraph:
         moments = None if parts[0][1] is None else tuple(_concat(list(m)) for m in zip(*[m for _, m in parts]))
         return accumulated, moments
 
-    def _accumulate(self, grad, source, apart: bool = False, with_residual: bool = True):
+    def _accumulate(self, grad, source, apart: bool = False, with_residual: bool = True, corrections=None):
         """(flat float32 gradient plus memory of one tensor, its new optimizer moments or None):
         g + r (with `apart`, `_Unsummed([g], [r])` for the compressor's kernels to add); under DGC
         momentum correction r + u with u = mu u + g, moments (u,) (`ops.momentum_accumulate`, one
         pass); under Adam correction r + d with d = m^ / (sqrt(v^) + eps) of m = b1 m + (1 - b1) g
-        and v = b2 v + (1 - b2) g^2, bias-corrected for the step t = communicating steps so far + 1,
-        moments (m, v) (`ops.adam_accumulate`, one pass). Without `with_residual`, r (known to be
+        and v = b2 v + (1 - b2) g^2, bias-corrected for the step t = communicating steps so far + 1
+        (`corrections`), moments (m, v) (`ops.adam_accumulate`, one pass). Without `with_residual`, r (known to be
         zero) is left out; without error feedback, g (with `apart`, `_Unsummed([g], [])`, for the
         kernels to read the bucket's parts in place)."""
         compressor = self.compressor
@@ -444,8 +483,8 @@ class StepGraph:
         if compressor.adam is not None:
             beta_1, beta_2, epsilon = compressor.adam
             m, v, accumulated = ops.adam_accumulate(flat, memory.momentum(source, size),
-                                                    memory.second_moment(source, size), self.state.step + 1, beta_1,
-                                                    beta_2, epsilon, residual=added)
+                                                    memory.second_moment(source, size), None, beta_1, beta_2, epsilon,
+                                                    residual=added, bias_corrections=corrections)
             return accumulated, (m, v)
         if compressor.momentum is None:
             if added is None:
