@@ -907,3 +907,44 @@ def test_replan_names_a_bad_min_gain():
     for bad in (-0.1, 1.0, float("nan")):
         with pytest.raises(ValueError, match=r"min_gain must be a fraction in \[0, 1\)"):
             exchange.replan(min_gain=bad)
+
+
+def _op_types(graph) -> dict:
+    """{op type: count} over a traced graph and every function in its library (cond branches)."""
+    import collections
+
+    graph_def = graph.as_graph_def()
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return collections.Counter(n.op for n in nodes)
+
+
+@pytest.mark.parametrize("adam", [None, True], ids=["plain", "adam"])
+def test_a_flushing_step_builds_its_reduction_once(rng, adam):
+    """Where a dense bucket's tensor has a residual that may be pending (the flush flag, set at
+    first), the flag picks that tensor's residual read and clearing: the step graph holds one
+    encode per compressed bucket and one grouped allreduce per dense bucket, not two of each; the
+    dense tensor is accumulated once with and once without its residual (under Adam correction,
+    which keeps every dense tensor's moments; plain, it is a sum with its residual or the gradient
+    as it is)."""
+    from tfcomp.collectives import LocalCollectives
+    from tfcomp.cost_model import ClusterModel, StrategyTime
+    from tfcomp.memory import ExchangeState
+    from tfcomp.planning import Bucket, Plan
+    from tfcomp.step import StepGraph
+
+    compressor = tfcomp.DRAGONN(0.05, adam=adam)
+    sizes = [2000, 300]
+    plan = Plan((Bucket((0,), sizes[0], "allgather", StrategyTime(0.0, 0.0), 0.0),
+                 Bucket((1,), sizes[1], "dense", StrategyTime(0.0, 0.0), 0.0)),
+                {0: "compressed", 1: "dense"}, compressor, ClusterModel.unpriced(2))
+    state = ExchangeState(0, 2)
+    step = StepGraph(compressor, state, LocalCollectives(2))
+    variables = [tf.Variable(tf.zeros([n])) for n in sizes]
+    grads = [tf.constant(random_gradient(rng, (n,), np.float32)) for n in sizes]
+    state.memory.residual(variables[1], sizes[1], compressor.optimizer_state)  # a residual, as a restore leaves
+    runtime = step.create_state(plan, grads, variables)
+    function = tf.function(lambda gs: step(plan, gs, variables, runtime), autograph=False)
+    types = _op_types(function.get_concrete_function(grads).graph)
+    assert types["Tfcomp>DragonnCompress"] == 1, types
+    assert types["HorovodGroupedAllreduce"] == 1, types
+    assert types["Tfcomp>AdamAccumulate"] == (3 if adam else 0), types
