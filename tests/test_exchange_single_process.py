@@ -948,3 +948,32 @@ def test_a_flushing_step_builds_its_reduction_once(rng, adam):
     assert types["Tfcomp>DragonnCompress"] == 1, types
     assert types["HorovodGroupedAllreduce"] == 1, types
     assert types["Tfcomp>AdamAccumulate"] == (3 if adam else 0), types
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adam"])
+def test_keras_traces_the_train_function_once(rng, optimizer):
+    """The exchange's state and the optimizer's slots are created at the exchange's first call, kept
+    out of the train function's record of variables created in it: Keras traces the train step
+    once (it traced twice: the second trace after the first created variables), and it trains as
+    the same model built without the exchange's help."""
+    import horovod.tensorflow.keras as hvd_keras
+
+    x = random_gradient(rng, (16, 32), np.float32)
+    y = rng.integers(0, 10, 16)
+    weights = []
+    for wrapped in (True, False):
+        tf.keras.utils.set_random_seed(7)
+        model = tf.keras.Sequential([tf.keras.layers.Dense(64, input_shape=(32,)), tf.keras.layers.Dense(10)])
+        inner = getattr(tf.keras.optimizers, optimizer)(0.01)
+        opt = hvd_keras.DistributedOptimizer(inner, compression=tfcomp.DRAGONN(0.1, min_elements=256, planning="off")) \
+            if wrapped else inner
+        model.compile(opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        for _ in range(3):
+            model.train_on_batch(x, y)
+        if wrapped:
+            assert model.train_function.experimental_get_tracing_count() == 1
+            assert len(tfcomp.exchange_of(opt).memory.residuals) == 2  # the two kernels: compressed
+        weights.append([w.numpy() for w in model.trainable_weights])
+    moved = max(float(np.max(np.abs(a - b))) for a, b in zip(*weights))
+    assert moved > 0  # DRAGONN's sparsified steps differ from the plain optimizer's
+    assert all(np.all(np.isfinite(w)) for w in weights[0])

@@ -23,6 +23,7 @@ graph mode is refused at construction.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
 
 import horovod.tensorflow as hvd
@@ -126,6 +127,17 @@ class _PlanEntry:
         self.eager_step = None
 
 
+def _not_recorded_by_tf_function(next_creator, **kwargs):
+    """A variable creator: a variable created eagerly (under `tf.init_scope`, as all of the
+    exchange's state is) while a `tf.function` traces is kept out of that function's record of the
+    variables its first call created (`experimental_enable_variable_lifting=False`: it exists and
+    holds its initial value already, so there is nothing to lift). A function whose first call
+    creates no other variable then runs its first trace instead of tracing a second time."""
+    if tf.executing_eagerly():
+        kwargs["experimental_enable_variable_lifting"] = False
+    return next_creator(**kwargs)
+
+
 def _name(source, position: int) -> str:
     return getattr(source, "name", None) or f"gradient_{position}"
 
@@ -180,6 +192,7 @@ class GradientExchange(tf.Module):
             "op": int(op), "gradient_predivide_factor": self.gradient_predivide_factor,
             "sparse_as_dense": self.sparse_as_dense})
         self._fixed_plan = plan
+        self._keras_optimizer = None  # a weak reference: the optimizer tracks this exchange, not the reverse
         self._plans = {}
         self._last_key = None
         self.plan = plan
@@ -214,6 +227,15 @@ class GradientExchange(tf.Module):
         of them ready after the backward pass."""
         return self._planner.ready_cached
 
+    def serve_keras_optimizer(self, optimizer) -> None:
+        """Records the Keras optimizer (`tf.keras.optimizers.Optimizer`) whose gradients this
+        exchange reduces (the Horovod glue does, for `hvd.DistributedOptimizer`): at the first call
+        the exchange builds it for the call's variables (its slots, as its `apply_gradients` would
+        right after the exchange) together with its own state, where the training function's trace
+        does not record them as created in it. Keras then traces the train function once, not twice.
+        A legacy optimizer (`tf.keras.optimizers.legacy`) is left to build itself."""
+        self._keras_optimizer = weakref.ref(optimizer) if isinstance(optimizer, tf.keras.optimizers.Optimizer) else None
+
     # -- Horovod's calling protocol ----------------------------------------------------------------
 
     def __call__(self, grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's signature)
@@ -231,7 +253,12 @@ class GradientExchange(tf.Module):
         grads_in = [self._densify(grads[i], sources[i]) for i in present]
         keys = [_source_key(sources[i], n, g) for n, (i, g) in enumerate(zip(present, grads_in))]
         names = [_name(sources[i], i) for i in present]
-        entry = self._plan_for(grads_in, keys, names)
+        with tf.variable_creator_scope(_not_recorded_by_tf_function):
+            entry = self._plan_for(grads_in, keys, names)
+            optimizer = self._keras_optimizer() if self._keras_optimizer is not None else None
+            if optimizer is not None and all(isinstance(s, tf.Variable) for s in sources):
+                with tf.init_scope():
+                    optimizer.build(sources)  # does nothing once built
         self._record(grads_in, names, entry.plan)
         if tf.executing_eagerly():
             if entry.eager_step is None:

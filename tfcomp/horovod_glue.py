@@ -110,6 +110,7 @@ def install() -> None:
         exchange = getattr(distributed, "_allreduce_grads", None)
         if isinstance(exchange, GradientExchange):
             distributed._track_trackable(exchange, name="tfcomp_exchange", overwrite=True)
+            exchange.serve_keras_optimizer(distributed)
             # Horovod's optimizer class is made on the fly in horovod._keras, where Keras cannot find
             # it again: a model saved in the .keras format then loads with the inner optimizer's class.
             type(distributed).__module__ = type(optimizer).__module__
