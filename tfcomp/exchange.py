@@ -236,6 +236,14 @@ class GradientExchange(tf.Module):
         A legacy optimizer (`tf.keras.optimizers.legacy`) is left to build itself."""
         self._keras_optimizer = weakref.ref(optimizer) if isinstance(optimizer, tf.keras.optimizers.Optimizer) else None
 
+    def _build_keras_optimizer(self, sources) -> None:
+        """Builds the served Keras optimizer for `sources` (its variables), eagerly, once: the
+        reference is dropped afterwards, so later calls do nothing."""
+        optimizer, self._keras_optimizer = self._keras_optimizer(), None
+        if optimizer is not None and all(isinstance(s, tf.Variable) for s in sources):
+            with tf.init_scope():
+                optimizer.build(sources)  # does nothing where Keras built it already
+
     # -- Horovod's calling protocol ----------------------------------------------------------------
 
     def __call__(self, grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's signature)
@@ -255,10 +263,8 @@ class GradientExchange(tf.Module):
         names = [_name(sources[i], i) for i in present]
         with tf.variable_creator_scope(_not_recorded_by_tf_function):
             entry = self._plan_for(grads_in, keys, names)
-            optimizer = self._keras_optimizer() if self._keras_optimizer is not None else None
-            if optimizer is not None and all(isinstance(s, tf.Variable) for s in sources):
-                with tf.init_scope():
-                    optimizer.build(sources)  # does nothing once built
+            if self._keras_optimizer is not None:
+                self._build_keras_optimizer(sources)
         self._record(grads_in, names, entry.plan)
         if tf.executing_eagerly():
             if entry.eager_step is None:

@@ -275,8 +275,9 @@ class StepGraph:
         twin). Where a dense bucket's tensor has error-feedback memory, its residual is sent (and
         cleared) only while `runtime.flush[variant]` is set: a residual is left after a restore and,
         for the dense twin, after each step of the plan's compressed buckets; once sent it stays
-        zero, and later dense steps leave it alone. The flag selects, tensor by tensor, whether the
-        residual is added and cleared: the reduction itself is built once."""
+        zero, and later dense steps leave it alone. The flag selects only whether those residuals are
+        added (one tf.cond over the dense buckets' accumulations) and cleared (one more): the
+        reduction itself is built once."""
         sizes = [int(g.shape.num_elements() or 0) for g in grads]
         memory = self.state.memory if self.compressor.error_feedback else None
         with_residuals = memory is not None and any(
