@@ -403,3 +403,25 @@ def test_a_new_plan_replaces_the_running_one_only_where_it_pays(rng):
     assert planning.pays_to_replace(stale, new, 0.05)
     with pytest.raises(ValueError, match="min_gain"):
         planning.pays_to_replace(dense, new, 1.0)
+
+
+def test_a_replacement_keeps_every_bucket_dense_once_a_trial_dropped_compression(rng):
+    """planning.replacement: the new plan where it pays; after a dropped trial only its all-dense
+    buckets, and those only where they differ from the running ones and pay."""
+    sizes = [int(n) for n in rng.integers(2**20, 2**22, 4)]
+    model = cluster(workers=4, gbps=1.0)
+    compressor = tfcomp.DRAGONN(0.01, min_elements=1)
+    first = planning.make_plan(backprop(sizes), compressor, model)  # made before any step: no ready times
+    ready = list(np.cumsum(rng.uniform(0.02, 0.05, len(sizes))) - 0.02)  # the backward pass, 40 to 130 ms
+    new = planning.make_plan(backprop(sizes), compressor, model, ready_seconds=ready)
+    assert new.compressed and first.compressed  # a slow network: compressing pays
+    running = first.all_dense()  # what runs once the first plan's trial dropped it
+    assert planning.replacement(running, new, 0.05) == new
+    chosen = planning.replacement(running, new, 0.0, compressing=False)
+    assert chosen == new.all_dense() and not chosen.compressed  # buckets that overlap the backward pass
+    # The same all-dense buckets are not installed again, nor buckets that save less than min_gain.
+    assert planning.replacement(new.all_dense(), new, 0.0, compressing=False) is None
+    now = planning.predicted_exchange_time(dataclasses.replace(running, cluster=new.cluster, ready=new.ready))
+    gain = (now - planning.predicted_exchange_time(chosen)) / (now - max(ready))
+    assert 0.0 < gain < 1.0
+    assert planning.replacement(running, new, min(gain + 1e-6, 0.999), compressing=False) is None

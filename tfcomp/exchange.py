@@ -199,6 +199,7 @@ class GradientExchange(tf.Module):
         self.trial = None
         self.timeline = None  # the current plan's tfcomp.timeline.ExchangeTimeline
         self._recalibrated = False  # whether check_prediction has calibrated again (at most once a job)
+        self._compression_lost = False  # whether a trial in this job dropped a plan (_plan_dropped)
         self.records: tuple = ()
 
     # -- state -------------------------------------------------------------------------------------
@@ -338,7 +339,9 @@ class GradientExchange(tf.Module):
         after the backward pass, both priced with the same figures: `tfcomp.planning.pays_to_replace`):
         then the training step must be traced again to run it (Keras: `model.make_train_function(
         force=True)`, which the callback does; a custom loop: a new `tf.function`); the new plan is
-        tried in training like the first. False (nothing done) with planning="off", a fixed plan
+        tried in training like the first. Where a trial in this job dropped a plan, only the
+        dense buckets are planned again: the trial measured that compressing loses here, which
+        outweighs the model. False (nothing done) with planning="off", a fixed plan
         or one worker. Residuals carry over; a bucket now sent dense sends its residual first. The
         ready times are cached (`tfcomp.calibration.store_ready_times`) for the first plan of a
         later job of the same model on the same hosts."""
@@ -460,18 +463,21 @@ class GradientExchange(tf.Module):
         return [float(latest[p]) for p, _, _ in entry.tensors], float(latest[-1])
 
     def _plan_again(self, entry, ready: list, min_gain: float = REPLAN_MIN_GAIN) -> bool:
-        """Makes the plan of `entry`'s gradients with `ready` times; installs it where its buckets
-        differ and it pays to replace what runs now (the old plan, or all dense where its trial
-        dropped it; `planning.pays_to_replace` with `min_gain`) (returns True: the step must be
-        traced again, and a plan that compresses is tried again), else keeps running the old one
-        with the new plan's figures."""
+        """Makes the plan of `entry`'s gradients with `ready` times (only its all-dense buckets where
+        a trial in this job dropped a plan); installs it where its buckets differ and it pays to
+        replace what runs now (the old plan, or all dense where its trial dropped it;
+        `planning.replacement` with `min_gain`) (returns True: the step must be traced again, and a
+        plan that compresses is tried again), else keeps running the old one with the new plan's
+        figures."""
         with tf.init_scope():
             plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
-        running = entry.plan.all_dense() if self._plan_dropped() else entry.plan
-        if plan.digest() == entry.plan.digest() or not planning.pays_to_replace(running, plan, min_gain):
+        dropped = self._plan_dropped()
+        running = entry.plan.all_dense() if dropped else entry.plan
+        chosen = planning.replacement(running, plan, min_gain, compressing=not dropped)
+        if chosen is None:
             entry.plan = self.plan = replace(entry.plan, cluster=plan.cluster, ready=plan.ready)
             return False
-        self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources)
+        self._install(self._last_key, chosen, entry.tensors, entry.signature, entry.specs, entry.sources)
         return True
 
     def _take_restored_state(self) -> None:
@@ -520,8 +526,14 @@ class GradientExchange(tf.Module):
         self.records = tuple(records)
 
     def _plan_dropped(self) -> bool:
-        """Whether the plan's trial found it slower than dense (every bucket is now sent dense)."""
-        return self.trial is not None and not self.trial.read()["compressed"]
+        """Whether a trial in this job found compressing slower than dense: the running plan's
+        (every bucket is now sent dense) or an earlier plan's, which a re-plan then replaced with
+        all-dense buckets. From then on re-plans keep every bucket dense (an unshaped CNN job's
+        re-plan with its measured ready times installed a new plan that compressed, traced and
+        tried it, and its trial dropped it again: about 10 s of its 87 s of training)."""
+        if self.trial is not None and not self.trial.read()["compressed"]:
+            self._compression_lost = True
+        return self._compression_lost
 
     def bytes_per_step(self) -> tuple:
         """(dense bytes, sent bytes) one worker exchanges per step, over the tensors whose payload

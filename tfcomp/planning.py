@@ -414,6 +414,18 @@ def pays_to_replace(running: Plan, new: Plan, min_gain: float) -> bool:
     return now - predicted_exchange_time(new) > min_gain * exposed
 
 
+def replacement(running: Plan, new: Plan, min_gain: float, *, compressing: bool = True):
+    """What a re-plan installs in place of `running` (the buckets the exchange runs now): `new`,
+    or only its all-dense buckets where `compressing` is False (a trial in this job measured
+    compressing slower than dense, which outweighs the model), where that differs from `running`
+    and `pays_to_replace` with `min_gain`; else None (keep running)."""
+    if not compressing:
+        new = new.all_dense()
+    if new.digest() == running.digest() or not pays_to_replace(running, new, min_gain):
+        return None
+    return new
+
+
 def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float = 1e-4) -> float:
     """The `ClusterModel.overlap_slowdown` (in [1, cm.MAX_OVERLAP_SLOWDOWN]) with which
     `predicted_exchange_time(plan)` comes to `measured_seconds`, the exchange's end measured with
