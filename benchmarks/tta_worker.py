@@ -97,6 +97,23 @@ def _barrier() -> None:
     hvd.allreduce(tf.constant(0.0), name="tta_barrier")
 
 
+class _FirstPlan(tf.keras.callbacks.Callback):
+    """What the exchange ran in the first `steps` steps, read at the end of step `steps` (before
+    a `Replan` listed after it re-plans there): how many buckets the first plan compressed, and its
+    trial's verdict (None: no trial)."""
+
+    def __init__(self, steps: int):
+        super().__init__()
+        self.steps, self._seen, self.summary = steps, 0, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._seen += 1
+        if self._seen == self.steps:
+            exchange = tfcomp.exchange_of(self.model.optimizer)
+            self.summary = {"compressed_buckets": len(exchange.plan.compressed),
+                            "trial": None if exchange.trial is None else exchange.trial.read()}
+
+
 class _TimeToAccuracy(tf.keras.callbacks.Callback):
     """Evaluates after every fit epoch (a period of --eval_every steps) with the clock stopped."""
 
@@ -153,8 +170,9 @@ def main(argv):
     record = _TimeToAccuracy(x_test, y_test)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), record]
     replan = tfcomp.keras.Replan() if FLAGS.replan and isinstance(compression, tfcomp.Compressor) else None
+    first_plan = None if replan is None else _FirstPlan(replan.after_steps)
     if replan is not None:
-        callbacks.append(replan)
+        callbacks += [first_plan, replan]
     model.fit(train.repeat(), epochs=FLAGS.steps // FLAGS.eval_every, steps_per_epoch=FLAGS.eval_every, verbose=0,
               callbacks=callbacks)
 
@@ -164,7 +182,8 @@ def main(argv):
         plan, calibration = exchange.describe(), exchange.calibration_seconds
         trial = None if exchange.trial is None else exchange.trial.read()
         replanned = None if replan is None else {
-            "ready_times_cached": exchange.ready_times_cached, "changed": replan.replanned,
+            "ready_times_cached": exchange.ready_times_cached, "first_plan": first_plan.summary,
+            "changed": replan.replanned,
             "checks": [{key: c[key] for key in ("predicted_seconds", "measured_seconds", "departure", "changed",
                                                 "overlap_slowdown", "recalibrated")} for c in replan.checks]}
     except TypeError:
