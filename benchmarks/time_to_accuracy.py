@@ -57,8 +57,8 @@ flags.DEFINE_list("configs", None, "Configurations to run (default: every one of
 flags.DEFINE_bool("resume", False, "Keep the runs already in the JSON and run only the missing ones.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON, Markdown and PNGs go.")
 flags.DEFINE_integer("run_timeout", 900, "Seconds before one training run is abandoned.")
-flags.DEFINE_integer("warmup_job_steps", 60, "--calibration_cache=warm: steps of each model's training job that "
-                     "measures its gradients' ready times (Replan caches them after 50).")
+flags.DEFINE_integer("warmup_job_steps", 40, "--calibration_cache=warm: steps of each model's training job that "
+                     "measures its gradients' ready times (Replan caches them after 30).")
 flags.DEFINE_enum("calibration_cache", "warm", ["warm", "none"],
                   "warm: the runs share one calibration cache, filled before the timed runs by one calibration "
                   "job per model and tfcomp configuration and one short training job per model (its gradients' "
@@ -77,7 +77,7 @@ def _warm_cache(cluster, cache, todo) -> None:
     every model and tfcomp configuration in `todo`, one calibration job each
     (benchmarks/calibration_benchmark.py's worker), and each model's gradient-ready times, one
     short training job each (`tta_worker` for --warmup_job_steps steps, whose `Replan` measures
-    them after 50 steps and caches them for the first plan of the next job of the model: they are
+    them after 30 steps and caches them for the first plan of the next job of the model: they are
     the backward pass's, whatever the configuration). All on the slowest link rate of the runs,
     where the costs are measured in full (on a fast one a first stage may find that compression
     cannot pay there and measure no more)."""

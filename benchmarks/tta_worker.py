@@ -57,7 +57,7 @@ flags.DEFINE_integer("warmup_steps", 50, "Steps of linear learning-rate warm-up 
 flags.DEFINE_integer("test_examples", 4000, "Test images evaluated (shared out among the workers).")
 flags.DEFINE_integer("threads", 1, "TensorFlow intra-op and inter-op threads per worker.")
 flags.DEFINE_boolean("replan", True, "tfcomp configurations: tfcomp.keras.Replan() among the callbacks (re-planned "
-                     "with the measured ready times after 50 steps, the prediction checked every 20 after), as "
+                     "with the measured ready times after 30 steps, the prediction checked every 20 after), as "
                      "examples/train_keras.py does.")
 flags.DEFINE_string("json_out", None, "Where rank 0 writes the run's record.")
 

@@ -153,9 +153,9 @@ class Compressor:
       min_elements: tensors with fewer elements are always sent dense, whatever the planning or the
         forced strategy (1 to 2^63 - 1; default 8192).
       trial_steps: with planning="auto" and no forced strategy, a plan that compresses is tried in
-        training (`tfcomp.trial`): `trial_steps` timed pairs of steps with it, as many dense,
-        alternating, and it is kept only if its median step is at least 2 % shorter; else every
-        bucket goes dense. 0: the cost model's plan is kept untried (0 to 2^31 - 1; default 10).
+        training (`tfcomp.trial`): `trial_steps` + 1 steps with it, as many dense, and it is kept
+        only if its median step is at least 2 % shorter; else every bucket goes dense. 0: the cost
+        model's plan is kept untried (0 to 2^31 - 1; default 10).
       payload_shows_non_finite: (class) whether a non-finite element of the encoded tensor always
         leaves a non-finite value in the payload's floating-point tensors (NaN and Inf always
         selected and ranked first; a scale or norm over every element), so that the exchange

@@ -5,7 +5,7 @@
                               tf.keras.callbacks.CSVLogger("train.csv"),
                               tf.keras.callbacks.TensorBoard("logs")])
 
-`Replan(after_steps=50)` makes the exchange's plan again once, with when each gradient became ready
+`Replan(after_steps=30)` makes the exchange's plan again once, with when each gradient became ready
 in those steps (`GradientExchange.replan`), so that dense buckets are priced with their overlap
 of the backward pass, then every 20 steps compares the exchange's measured end with the prediction
 and re-plans where they part by more than 25 % (`GradientExchange.check_prediction`), and has Keras
@@ -138,14 +138,14 @@ class Replan(tf.keras.callbacks.Callback):
     runs no tfcomp exchange.
 
     Args:
-      after_steps: training steps to measure first (>= 1; default 50: past the first plan's trial,
-        40 steps with the default `trial_steps`, and the timeline's 20-step window full).
+      after_steps: training steps to measure first (>= 1; default 30: past the first plan's trial
+        of 2 x 11 steps, and the timeline's 20-step window full).
       check_every: steps between checks of the prediction (>= 1), or None: no checks.
       threshold: the departure (a fraction of the prediction, > 0) that re-plans.
       max_replans: at most this many re-plans by the checks (>= 0).
     """
 
-    def __init__(self, after_steps: int = 50, check_every=20, threshold: float = DEPARTURE_THRESHOLD,
+    def __init__(self, after_steps: int = 30, check_every=20, threshold: float = DEPARTURE_THRESHOLD,
                  max_replans: int = 3):
         super().__init__()
         for name, value, least in (("after_steps", after_steps, 1), ("max_replans", max_replans, 0)) + (

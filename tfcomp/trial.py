@@ -2,18 +2,15 @@
 
 The cost model prices a plan from probes run before training; a training step is more than that
 (the backward pass overlaps a dense allreduce; four workers computing on shared cores slow
-compression down). So a plan that compresses is confirmed in training: `PlanTrial(steps)` runs
-pairs of steps with the plan and pairs with everything dense (`Plan.all_dense`), alternating (plan,
-plan, dense, dense, plan, plan, ...), until each arm has `steps` pairs. It times the second step of
-each pair, from its start to the start of the next step (the whole training step, forward and
-backward included); the first step of a pair takes what changing arms costs (the first run of the
-arm's graph; for the dense arm, sending the residuals the plan's steps left). The arms alternate
-so that a machine whose speed drifts (the other ranks still tracing, another tenant starting) slows
-both alike; one arm after the other would charge the drift to the second. At the next step the
-trial takes the median of each arm over all ranks (one allreduce of two float64). The plan is kept
-only where its median step is at least `margin` (2 %) shorter than dense's; otherwise every later
-step sends everything dense. Every rank reaches the same choice (the allreduced medians are the
-same bits on every rank).
+compression down). So a plan that compresses is confirmed in training: `PlanTrial(steps)` times
+`steps + 1` steps with the plan, then `steps + 1` steps with everything dense (`Plan.all_dense`), each from
+the start of one step to the start of the next (the whole training step, forward and backward
+included), drops the first step of each arm (a first run of
+its graph; the dense arm's first step also sends the residuals left by the compressed arm), and
+at the next step takes the median of each arm over all ranks (one allreduce of two float64). The
+plan is kept only where its median step is at least `margin` (2 %) shorter than dense's;
+otherwise every later step sends everything dense. Every rank reaches the same choice (the
+allreduced medians are the same bits on every rank).
 
 The trial counts only the steps after the compressor's warm-up (which the plan sends dense).
 The trial's variables are not training state: they live outside checkpoints (the holder is not a
@@ -27,21 +24,14 @@ from absl import logging
 
 from tfcomp.counters import stamp
 
-__all__ = ["PlanTrial", "TRIAL_MARGIN", "trial_length"]
+__all__ = ["PlanTrial", "TRIAL_MARGIN"]
 
 TRIAL_MARGIN = 0.02  # the plan's median step must be this much shorter than dense's to be kept
 _UNDECIDED, _DENSE, _COMPRESSED = -1, 0, 1
-_PAIR = 2  # steps of one arm in a row: the first after a change of arm, the second timed
-
-
-def trial_length(steps: int) -> int:
-    """Steps a trial of `steps` timed steps per arm runs before it decides (at the start of the
-    next): 2 arms of `steps` pairs."""
-    return 2 * _PAIR * steps
 
 
 class PlanTrial:
-    """The trial of one plan: `steps` timed steps (pairs) per arm (>= 1); `clock` gives the time (a
+    """The trial of one plan: `steps` timed steps per arm (>= 1); `clock` gives the time (a
     float64 scalar tensor of seconds; default `tfcomp.counters.stamp`, which waits for nothing).
     Create it eagerly.
 
@@ -56,7 +46,7 @@ class PlanTrial:
         with tf.init_scope():
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfcomp_trial_step")
             self.last_start = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="tfcomp_trial_last_start")
-            # Seconds of the timed steps (each pair's second): row 0 the plan's arm, row 1 dense's.
+            # Seconds per step: row 0 the plan's arm, row 1 dense's (the first step of each left out).
             self.seconds = tf.Variable(tf.zeros([2, self.steps], tf.float64), trainable=False,
                                        name="tfcomp_trial_seconds")
             self.choice = tf.Variable(_UNDECIDED, dtype=tf.int32, trainable=False, name="tfcomp_trial_choice")
@@ -65,24 +55,23 @@ class PlanTrial:
     @property
     def decision_step(self) -> int:
         """The trial step (counted from 0 in this job) at whose start the choice is made."""
-        return trial_length(self.steps)
+        return 2 * (self.steps + 1)
 
     def sends_compressed(self, collectives) -> tf.Tensor:
         """bool scalar: whether this step runs the plan (True) or sends everything dense."""
         now = self.clock()
         j = self.step.read_value()
-        last = j - 1  # the step whose time ends now; timed where it is the second of its pair
-        pair = last // _PAIR
-        recorded = tf.cond((j >= 1) & (j <= self.decision_step) & (last % _PAIR == _PAIR - 1),
-                           lambda: self._record(pair % 2, pair // 2, now - self.last_start),
+        last = j - 1
+        arm_position = last % (self.steps + 1) - 1  # -1: an arm's first step, left out
+        recorded = tf.cond((j >= 1) & (j <= self.decision_step) & (arm_position >= 0),
+                           lambda: self._record(last // (self.steps + 1), arm_position, now - self.last_start),
                            lambda: tf.constant(False))
         with tf.control_dependencies([recorded]):
             decided = tf.cond(tf.equal(j, self.decision_step), lambda: self._decide(collectives),
                               lambda: tf.constant(False))
         with tf.control_dependencies([decided]):
             choice = self.choice.read_value()
-            compressed = tf.where(tf.equal(choice, _UNDECIDED), tf.equal((j // _PAIR) % 2, 0),
-                                  tf.equal(choice, _COMPRESSED))
+            compressed = tf.where(tf.equal(choice, _UNDECIDED), j <= self.steps, tf.equal(choice, _COMPRESSED))
             with tf.control_dependencies([self.last_start.assign(now), self.step.assign_add(1)]):
                 return tf.identity(compressed)
 
