@@ -11,6 +11,9 @@
 //   gpu_harness --bench [--min-log2 20] [--max-log2 27] [--runs 21] [--ratio 0.001]
 //       float32 timings with CUDA events after 3 warm-up runs, median of --runs; prints one line
 //       "RESULT<TAB>op<TAB>d<TAB>median_ms" per measurement (benchmarks/gpu/report.py reads them)
+//   gpu_harness --loads [--log2 27] [--runs 21] [--rounds 7]
+//       the read floor and DRAGONN's hashing pass with read-only-cache and with streaming loads,
+//       interleaved rounds (where the pass loses to the floor)
 //
 // Exit status: 0 when every check passed, 1 when one failed, 2 on a CUDA error or bad usage.
 #include <cuda_runtime.h>
@@ -23,6 +26,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,6 +39,7 @@
 #include "ops/cc/lib/partition.h"
 #include "ops/cc/lib/quantize.h"
 #include "ops/cc/lib/sum_pairs.h"
+#include "ops/cc/lib/words.h"
 
 namespace tfcomp {
 namespace harness {
@@ -354,11 +360,14 @@ std::vector<float> MakeFloats(int64_t size, uint64_t seed) {
   return values;
 }
 
-// Bit-for-bit comparison of a float32 output with the host's.
+// Bit-for-bit comparison of a float32 output with the host's, where any NaN matches any NaN: the
+// GPU's float arithmetic returns its one NaN (0x7FFFFFFF) where x86's SSE keeps an operand's
+// payload and sign.
 Verdict CompareFloats(const std::vector<float>& want, const std::vector<float>& got) {
   Verdict verdict;
   for (size_t i = 0; i < want.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && verdict.mismatches++ == 0) {
+    const bool same = std::isnan(want[i]) ? std::isnan(got[i]) : std::memcmp(&got[i], &want[i], sizeof(float)) == 0;
+    if (!same && verdict.mismatches++ == 0) {
       verdict.first = "element " + std::to_string(i) + ": expected " + std::to_string(want[i]) + ", got " +
                       std::to_string(got[i]);
     }
@@ -367,8 +376,8 @@ Verdict CompareFloats(const std::vector<float>& want, const std::vector<float>& 
 }
 
 // momentum_accumulate and adam_accumulate of `size` elements, with and without a residual, against
-// the same element-wise functions (ops/cc/lib/accumulate.h) run on the host: bit for bit (neither
-// side flushes denormals here).
+// the same element-wise functions (ops/cc/lib/accumulate.h) run on the host: bit for bit, NaN
+// payloads aside (neither side flushes denormals here).
 void CheckAccumulate(int64_t size, uint64_t seed) {
   const std::string at = "float32 d=" + std::to_string(size) + ": ";
   const std::vector<float> grad = MakeFloats(size, seed), first = MakeFloats(size, seed + 1);
@@ -890,6 +899,17 @@ __global__ void ReadFloor(const uint32_t* grad, int64_t size, uint32_t never, un
   if (fold == never) *out = fold;
 }
 
+// The floor of a fused pass that reads two float32 tensors and writes a third: sum = a + b.
+__global__ void AddFloor(const float* a, const float* b, float* sum, int64_t size) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t num_vectors = size / 4;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < num_vectors; v += stride) {
+    const float4 x = __ldg(reinterpret_cast<const float4*>(a) + v);
+    const float4 y = __ldg(reinterpret_cast<const float4*>(b) + v);
+    reinterpret_cast<float4*>(sum)[v] = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+  }
+}
+
 // Median time in milliseconds of `runs` launches after 3 warm-up launches.
 template <class Launch>
 double MedianMs(int runs, const Launch& launch) {
@@ -949,6 +969,7 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
     DeviceArray<unsigned int> largest(1);
     DeviceArray<uint32_t> values(budget);
     DeviceArray<int32_t> indices(budget);
+    DeviceArray<uint32_t> dense(d);
 
     Time("read_floor", d, runs, [&]() {
       ReadFloor<<<cuda::PassBlocks<uint32_t>(d), cuda::kThreads, 0, stream>>>(grad.get(), d, 0x7FC00001u,
@@ -964,6 +985,45 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
       return cuda::DragonnCompress<Format>(grad.get(), d, threshold.get(), seed.get(), budget, values.get(),
                                            indices.get(), scratch, bytes, stream);
     });
+    // What DRAGONN's pass costs beyond the floor when no element is selected (no atomics at all).
+    const DeviceArray<float> above_all(std::vector<float>{std::numeric_limits<float>::infinity()});
+    TimeWithScratch("dragonn_nothing_selected", d, runs, [&](void* scratch, size_t* bytes) {
+      return cuda::DragonnCompress<Format>(grad.get(), d, above_all.get(), seed.get(), budget, values.get(),
+                                           indices.get(), scratch, bytes, stream);
+    });
+    // The exchange's error-feedback pass: grad + residual, written and hashed at once, against a
+    // plain a + b pass over the same tensors.
+    const DeviceArray<uint32_t> residual(MakeGradient<Format>(d, 2000 + log2));
+    DeviceArray<uint32_t> sum(d);
+    Time("add_floor", d, runs, [&]() {
+      AddFloor<<<cuda::PassBlocks<uint32_t>(d), cuda::kThreads, 0, stream>>>(
+          reinterpret_cast<const float*>(grad.get()), reinterpret_cast<const float*>(residual.get()),
+          reinterpret_cast<float*>(sum.get()), d);
+      return cudaGetLastError();
+    });
+    TimeWithScratch("dragonn_compress_addend", d, runs, [&](void* scratch, size_t* bytes) {
+      return cuda::DragonnCompress<Format>(grad.get(), d, threshold.get(), seed.get(), budget, values.get(),
+                                           indices.get(), scratch, bytes, stream, residual.get(), sum.get());
+    });
+    // DGC's momentum correction: reads gradient, momentum and residual, writes momentum and sum.
+    DeviceArray<uint32_t> accumulated(d);
+    Time("momentum_accumulate", d, runs, [&]() {
+      return cuda::MomentumAccumulate(reinterpret_cast<const float*>(grad.get()),
+                                      reinterpret_cast<const float*>(residual.get()),
+                                      reinterpret_cast<const float*>(sum.get()), d, 0.9f,
+                                      reinterpret_cast<float*>(dense.get()),
+                                      reinterpret_cast<float*>(accumulated.get()), stream);
+    });
+    const DeviceArray<float> quantize_scale(std::vector<float>{1.0f});
+    DeviceArray<int32_t> lanes(d / 4 + 1);
+    Time("int_quantize_8", d, runs, [&]() {
+      return cuda::IntQuantize(reinterpret_cast<const float*>(grad.get()), d, quantize_scale.get(), seed.get(), 8, 42,
+                               lanes.get(), stream);
+    });
+    Time("int_dequantize_8", d, runs, [&]() {
+      return cuda::IntDequantize(lanes.get(), d, quantize_scale.get(), 8, reinterpret_cast<float*>(sum.get()),
+                                 stream);
+    });
     TimeWithScratch("dgc_compress", d, runs, [&](void* scratch, size_t* bytes) {
       return cuda::DgcCompress<Format>(grad.get(), d, threshold.get(), budget, values.get(), indices.get(), scratch,
                                        bytes, stream);
@@ -971,7 +1031,6 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
     TimeWithScratch("topk_compress", d, runs, [&](void* scratch, size_t* bytes) {
       return cuda::TopkCompress<Format>(grad.get(), d, budget, values.get(), indices.get(), scratch, bytes, stream);
     });
-    DeviceArray<uint32_t> dense(d);
     DeviceArray<int64_t> first_bad(1);
     for (int payloads : {1, 4, 16, 64}) {
       std::vector<uint32_t> pair_values;
@@ -985,6 +1044,93 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
                                                  first_bad.get(), scratch, bytes, stream);
       });
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// --loads: why DRAGONN's hashing pass streams its loads. The floor and the pass (float32, ratio's
+// slots, no memset or unpack) each with read-only-cache loads (__ldg) and with streaming loads
+// (__ldcs: evict first, so that the slots' lines stay in L2; ForEachElement's), timed in
+// interleaved rounds; prints "LOADS<TAB>variant<TAB>round<TAB>median_ms" and one median of medians
+// per variant.
+template <bool kStreaming>
+__device__ __forceinline__ uint4 LoadVector(const uint4* p) {
+  if constexpr (kStreaming) {
+    return __ldcs(p);
+  } else {
+    return __ldg(p);
+  }
+}
+
+template <bool kStreaming>
+__global__ void FloorPass(const uint32_t* grad, int64_t num_vectors, uint32_t never, unsigned int* out) {
+  uint32_t fold = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < num_vectors; v += stride) {
+    const uint4 c = LoadVector<kStreaming>(reinterpret_cast<const uint4*>(grad) + v);
+    fold ^= c.x ^ c.y ^ c.z ^ c.w;
+  }
+  if (fold == never) *out = fold;
+}
+
+template <bool kStreaming>
+__global__ void HashPass(const uint32_t* grad, int64_t num_vectors, const float* threshold, const int64_t* seed,
+                         uint32_t num_slots, unsigned long long* slots) {
+  const uint32_t threshold_key = ThresholdKey<Float32Format>(*threshold);
+  const SlotHash hash = SlotHash::FromSeed(static_cast<uint64_t>(*seed), num_slots);
+  auto visit = [&](int64_t i, uint32_t bits) {
+    if (IsSelected<Float32Format>(bits, threshold_key)) {
+      atomicMax(slots + hash(static_cast<uint32_t>(i)),
+                static_cast<unsigned long long>(SlotWord<Float32Format>(bits, i)));
+    }
+  };
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < num_vectors; v += stride) {
+    const uint4 c = LoadVector<kStreaming>(reinterpret_cast<const uint4*>(grad) + v);
+    visit(4 * v, c.x);
+    visit(4 * v + 1, c.y);
+    visit(4 * v + 2, c.z);
+    visit(4 * v + 3, c.w);
+  }
+}
+
+void RunLoads(int log2, int runs, int rounds, float ratio) {
+  const int64_t d = int64_t{1} << log2, num_vectors = d / 4;
+  const int64_t num_slots = std::max<int64_t>(1, std::llround(ratio * d));
+  const DeviceArray<uint32_t> grad(MakeGradient<Float32Format>(d, 1000 + log2));
+  const DeviceArray<int64_t> seed(std::vector<int64_t>{42});
+  DeviceArray<float> threshold(1);
+  DeviceArray<unsigned int> out(1);
+  DeviceArray<unsigned long long> slots(num_slots);
+  RunWithScratch([&](void* scratch, size_t* bytes) {
+    return cuda::EstimateThreshold<Float32Format>(grad.get(), d, std::min<int64_t>(65536, d),
+                                                  SampleRank(ratio, std::min<int64_t>(65536, d)), seed.get(),
+                                                  threshold.get(), scratch, bytes, 0);
+  });
+  const unsigned int blocks = cuda::PassBlocks<uint32_t>(d);
+  const std::vector<std::pair<std::string, std::function<cudaError_t()>>> variants = {
+      {"floor_ldg", [&]() { FloorPass<false><<<blocks, cuda::kThreads>>>(grad.get(), num_vectors, 1u, out.get());
+                            return cudaGetLastError(); }},
+      {"floor_ldcs", [&]() { FloorPass<true><<<blocks, cuda::kThreads>>>(grad.get(), num_vectors, 1u, out.get());
+                             return cudaGetLastError(); }},
+      {"hash_ldg", [&]() { HashPass<false><<<blocks, cuda::kThreads>>>(grad.get(), num_vectors, threshold.get(),
+                                                                      seed.get(), num_slots, slots.get());
+                           return cudaGetLastError(); }},
+      {"hash_ldcs", [&]() { HashPass<true><<<blocks, cuda::kThreads>>>(grad.get(), num_vectors, threshold.get(),
+                                                                      seed.get(), num_slots, slots.get());
+                            return cudaGetLastError(); }},
+  };
+  std::map<std::string, std::vector<double>> medians;
+  for (int round = 0; round < rounds; ++round) {
+    for (const auto& [name, launch] : variants) {
+      const double ms = MedianMs(runs, launch);
+      medians[name].push_back(ms);
+      std::printf("LOADS\t%s\t%d\t%.4f\n", name.c_str(), round, ms);
+    }
+  }
+  for (auto& [name, values] : medians) {
+    std::sort(values.begin(), values.end());
+    std::printf("LOADS_MEDIAN\t%s\t%lld\t%.4f\n", name.c_str(), static_cast<long long>(d), values[values.size() / 2]);
   }
 }
 
@@ -1023,9 +1169,14 @@ int main(int argc, char** argv) {
              std::max(1, ArgInt(argc, argv, "--runs", 21)), ratio);
     return 0;
   }
+  if (mode == "--loads") {
+    RunLoads(ArgInt(argc, argv, "--log2", 27), std::max(1, ArgInt(argc, argv, "--runs", 21)),
+             std::max(1, ArgInt(argc, argv, "--rounds", 7)), 0.001f);
+    return 0;
+  }
   std::fprintf(stderr,
                "usage: %s --self-check | --check [--max-log2 N] | --bench [--min-log2 N] [--max-log2 N] "
-               "[--runs N] [--ratio R]\n",
+               "[--runs N] [--ratio R] | --loads [--log2 N] [--runs N] [--rounds N]\n",
                argv[0]);
   return 2;
 }

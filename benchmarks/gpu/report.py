@@ -26,6 +26,18 @@ COLUMNS = [
     ("decode_K64", "decode K=64"),
 ]
 
+# The second table: the exchange's fused passes and a diagnostic of DRAGONN's, each beside its floor.
+PASS_COLUMNS = [
+    ("read_floor", "read floor"),
+    ("dragonn_compress", "dragonn_compress"),
+    ("dragonn_nothing_selected", "dragonn_compress, nothing selected"),
+    ("add_floor", "a + b floor (2 reads, 1 write)"),
+    ("dragonn_compress_addend", "dragonn_compress with addend (writes g + r)"),
+    ("momentum_accumulate", "momentum_accumulate (3 reads, 2 writes)"),
+    ("int_quantize_8", "int_quantize 8 bits"),
+    ("int_dequantize_8", "int_dequantize 8 bits"),
+]
+
 # (description, numerator op, denominator op, bound, "<=" or ">=") at the largest d, from issue 15.
 TARGETS = [
     ("dragonn_compress / read floor <= 1.5", "dragonn_compress", "read_floor", 1.5, "<="),
@@ -59,10 +71,19 @@ def gpu_and_driver(info):
         return info.get("GPU", "unknown GPU"), "CUDA driver API " + info.get("CUDA_DRIVER_API", "?")
 
 
+def table(results, sizes, columns) -> list[str]:
+    """Markdown rows of the columns measured at any size, one row per size."""
+    present = [(op, title) for op, title in columns if any((op, d) in results for d in sizes)]
+    lines = ["| d | " + " | ".join(title for _, title in present) + " |", "|---" * (len(present) + 1) + "|"]
+    for d in sizes:
+        cells = [f"{results[(op, d)]:.3f}" if (op, d) in results else "" for op, _ in present]
+        lines.append(f"| 2^{d.bit_length() - 1} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(results, info) -> str:
     name, driver = gpu_and_driver(info)
     sizes = sorted({d for _, d in results})
-    present = [(op, title) for op, title in COLUMNS if any((op, d) in results for d in sizes)]
     lines = [
         f"### GPU kernels: {name}, driver {driver}, CUDA runtime {info.get('CUDA_RUNTIME', '?')}, "
         f"{datetime.date.today().isoformat()}",
@@ -71,12 +92,11 @@ def render(results, info) -> str:
         f"pairs each), milliseconds, median of {info.get('RUNS', '?')} runs after 3 warm-ups (CUDA events). "
         f"Framework: {info.get('FRAMEWORK', 'none')}. Produced by `benchmarks/gpu/run.sh`.",
         "",
-        "| d | " + " | ".join(title for _, title in present) + " |",
-        "|---" * (len(present) + 1) + "|",
     ]
-    for d in sizes:
-        cells = [f"{results[(op, d)]:.3f}" if (op, d) in results else "" for op, _ in present]
-        lines.append(f"| 2^{d.bit_length() - 1} | " + " | ".join(cells) + " |")
+    lines += table(results, sizes, COLUMNS)
+    passes = table(results, sizes, PASS_COLUMNS)
+    if any(op in {o for o, _ in results} for op, _ in PASS_COLUMNS[2:]):
+        lines += ["", "The exchange's fused passes beside their floors (same runs):", ""] + passes
     if sizes:
         d = sizes[-1]
         lines += ["", f"Issue 15 targets at d = 2^{d.bit_length() - 1}:", ""]

@@ -50,6 +50,8 @@ __global__ void HashSumIntoSlots(const uint32_t* grad, const uint32_t* addend, u
                         reinterpret_cast<uintptr_t>(sum)) % 16 == 0;
   const int64_t num_vectors = aligned ? size / 4 : 0;
   for (int64_t v = first; v < num_vectors; v += stride) {
+    // Cached loads: streaming ones (ForEachElement's) measured 4 % slower here (0.576 against 0.552
+    // ms at 2^27 on an H100), where the pass also writes the sum.
     const uint4 a = __ldg(reinterpret_cast<const uint4*>(grad) + v);
     const uint4 b = __ldg(reinterpret_cast<const uint4*>(addend) + v);
     const uint4 s = make_uint4(SumBits(a.x, b.x), SumBits(a.y, b.y), SumBits(a.z, b.z), SumBits(a.w, b.w));
@@ -113,7 +115,7 @@ cudaError_t DragonnCompressParts(const GradientPart<typename Format::Bits>* part
     }
     TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   }
-  UnpackSlots<Format><<<NumBlocks(num_slots, kThreads * 4), kThreads, 0, stream>>>(slots, num_slots, values, indices);
+  UnpackSlots<Format><<<NumBlocks(num_slots, kThreads), kThreads, 0, stream>>>(slots, num_slots, values, indices);
   TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   return cudaSuccess;
 }
