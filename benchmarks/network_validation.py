@@ -37,7 +37,7 @@ flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"]
 flags.DEFINE_integer("hosts", 2, "Emulated hosts, one worker each.")
 flags.DEFINE_integer("rounds", 11, "Interleaved rounds per setting (the median is reported).")
 flags.DEFINE_integer("steps", 6, "Training steps per configuration per round.")
-flags.DEFINE_list("models", ["giant", "many_small"], "Models to train (see benchmarks/network_worker.py).")
+flags.DEFINE_list("models", ["giant", "many_small", "cnn", "vit"], "Models to train (see benchmarks/network_worker.py).")
 flags.DEFINE_list("configs", None, "Only these configurations (default: all; 'compute' or 'compute_synced' is "
                   "needed for predictions).")
 flags.DEFINE_string("markdown_out", None, "Write the tables to this markdown file.")
@@ -100,7 +100,7 @@ def summarise(by_setting: dict) -> tuple:
                              f"{1e3 * r['measured_s']:.1f} | | |")
                 continue
             error = r["predicted_s"] / r["measured_s"] - 1
-            if r["config"] in ("horovod_dense", "dragonn"):
+            if r["config"] in ("horovod_dense", "dragonn", "plan"):
                 errors.append(abs(error))
             gbits = r["cluster"][2] * 8 / 1e9
             lines.append(f"| {setting} | {gbits:.2f} | {r['model']} | {r['config']} | "

@@ -2,12 +2,14 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.network_worker --out RESULT.json
 
-Two models, each trained with a custom tf.function step (forward, backward, exchange, SGD update)
+Four models, each trained with a custom tf.function step (forward, backward, exchange, SGD update)
 on a fixed batch of 32 per worker:
 
   giant        Dense 512 -> 512 (relu) -> 16384 classes: an extreme-classification layer of
                8.4 M weights, 004's 4096 x 30938 scaled down; 8.67 M parameters in 4 tensors
   many_small   40 Dense 128 -> 128 (tanh) layers and a Dense 128 -> 10: 0.66 M parameters in 82 tensors
+  cnn, vit     the time-to-accuracy models of examples/models.py on 28x28x1 images (3.3 M parameters
+               in 22 tensors, 1.6 M in 46), trained here with plain SGD like the others
 
 and these configurations, interleaved round by round (every round runs each configuration for
 --steps steps, 4x as many for many_small; after a warm-up that runs past tfcomp's trial of its plan and one
@@ -24,11 +26,19 @@ configuration later than the one before):
   per_tensor     (many_small only) DRAGONN(0.001, planning="off"): every tensor of >= 1024
                  elements compressed on its own, as layer-wise compression does
 
-Predictions (000's model: T = T_comp + exchange, the exchange after the backward pass): T_comp is
-the measured compute_synced step less the cost model's time for its one-float allreduce (the plain
-compute step where compute_synced was not run), plus the cost model's exchange time from the
-figures calibration measured at the start of this job (the plan's `predicted_exchange_time`; for
-horovod_dense a ring allreduce of all the gradients). Rank 0 writes the JSON.
+The tfcomp configurations re-plan after their first trial with the gradients' ready times measured
+in those steps (`GradientExchange.replan`, what `tfcomp.keras.Replan` does in model.fit), trace the
+step again where the plan changed, and run on until the new plan's trial has decided.
+
+Predictions: T_comp is the measured compute_synced step less the cost model's time for its
+one-float allreduce (the plain compute step where compute_synced was not run); the exchange's time
+comes from the figures calibration measured at the start of this job. With the measured ready
+times (seconds from the step's first gradient to each gradient; their span, the backward pass
+after its first gradient, is part of T_comp): T = T_comp - span + when the exchange ends after the
+first gradient, the plan's `predicted_exchange_time` (dense buckets overlapping the backward pass),
+for horovod_dense `cost_model.horovod_dense_finish` (Horovod's fusion buffer replayed over the same
+ready times, those of the plan configuration). Without them (a tfcomp configuration that makes no
+plan of its own): 000's T = T_comp + exchange after the backward pass. Rank 0 writes the JSON.
 """
 
 import argparse
@@ -42,6 +52,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfcomp
+from examples.models import build_model
 from tfcomp import cost_model as cm
 from tfcomp import planning
 
@@ -62,10 +73,14 @@ def many_small_model():
     return tf.keras.Sequential(layers)
 
 
-MODELS = {"giant": (giant_model, 512, 16384), "many_small": (many_small_model, 128, 10)}
+IMAGE = (28, 28, 1)
+# {name: (build, input shape without the batch, classes)}
+MODELS = {"giant": (giant_model, (512,), 16384), "many_small": (many_small_model, (128,), 10),
+          "cnn": (lambda: build_model("cnn", IMAGE, 10), IMAGE, 10),
+          "vit": (lambda: build_model("vit", IMAGE, 10), IMAGE, 10)}
 # many_small steps are short and noisy: each round times 4x as many, and it runs 3x as many rounds.
-STEP_FACTOR = {"giant": 1, "many_small": 4}
-ROUND_FACTOR = {"giant": 1, "many_small": 3}
+STEP_FACTOR = {"giant": 1, "many_small": 4, "cnn": 1, "vit": 1}
+ROUND_FACTOR = {"giant": 1, "many_small": 3, "cnn": 1, "vit": 1}
 
 
 SYNCED = "synced"  # no exchange, one tiny allreduce at the end of the step
@@ -93,10 +108,14 @@ class Trainer:
         tf.keras.utils.set_random_seed(1)
         self.model = build()
         rng = np.random.default_rng(100 + hvd.rank())
-        self.x = tf.constant(rng.standard_normal((BATCH, inputs)).astype(np.float32))
+        self.x = tf.constant(rng.standard_normal((BATCH,) + inputs).astype(np.float32))
         self.y = tf.constant(rng.integers(0, classes, BATCH))
         inner = tf.keras.optimizers.SGD(0.01)
         self.optimizer = inner if wrap in (None, SYNCED) else wrap(inner)
+        self.wrap = wrap
+        self.step = self._traced_step()
+
+    def _traced_step(self):
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         @tf.function
@@ -104,19 +123,28 @@ class Trainer:
             with tf.GradientTape() as tape:
                 loss = loss_fn(self.y, self.model(self.x))
             self.optimizer.minimize(loss, self.model.trainable_variables, tape=tape)
-            if wrap == SYNCED:
+            if self.wrap == SYNCED:
                 # After the update (the read of the step counter follows the optimizer's write of it).
                 with tf.control_dependencies([self.optimizer.iterations.read_value()]):
                     return hvd_tf.allreduce(tf.reshape(loss, [1]), op=hvd_tf.Sum, name="compute_synced")[0]
             return loss
 
-        self.step = step
+        return step
 
     def warm_up(self):
-        """Traces, calibrates and plans; then, where tfcomp tries its plan in training
-        (`tfcomp.trial`: some steps with the plan, some dense), runs on until the trial has decided,
-        so that the timed rounds measure the plan it keeps. Every rank decides at the same step."""
+        """Traces, calibrates and plans; where tfcomp tries its plan in training (`tfcomp.trial`:
+        some steps with the plan, some dense), runs on until the trial has decided; then re-plans
+        with the ready times measured so far (tracing the step again where the plan changed) and
+        runs on until that plan's trial has decided too, so that the timed rounds measure the plan
+        it keeps. Every rank decides at the same step."""
         self.run(5)
+        self._until_trial_decided()
+        if isinstance(self.exchange, tfcomp.GradientExchange) and self.exchange.replan():
+            self.step = self._traced_step()
+            self.run(2)
+            self._until_trial_decided()
+
+    def _until_trial_decided(self):
         trial = getattr(self.exchange, "trial", None)
         while trial is not None and not trial.read()["decided"]:
             self.run(1)
@@ -206,14 +234,21 @@ def predict(results, trainers):
             r["predicted_exchange_s"] = planning.predicted_exchange_time(plan)
             r["strategies"] = sorted({b.strategy for b in plan.buckets})
             r["buckets"] = len(plan.buckets)
-        else:  # plain Horovod: one fused ring allreduce of every gradient, priced with the plan's figures
+        else:  # plain Horovod, priced with the plan configuration's figures and ready times
             plan = trainers[r["model"], "plan"].exchange.plan
-            tensors = len(trainers[r["model"], r["config"]].model.trainable_variables)
-            r["predicted_exchange_s"] = cm.strategy_time("dense", r["parameters"], tfcomp.NoCompression(),
-                                                         plan.cluster, tensors=tensors).total
+            variables = trainers[r["model"], r["config"]].model.trainable_variables
+            if any(plan.ready.values()):
+                r["predicted_exchange_s"] = cm.horovod_dense_finish(
+                    [int(v.shape.num_elements()) for v in variables],
+                    [plan.ready.get(p, 0.0) for p in range(len(variables))], plan.cluster)
+            else:  # one fused ring allreduce of every gradient after the backward pass
+                r["predicted_exchange_s"] = cm.strategy_time("dense", r["parameters"], tfcomp.NoCompression(),
+                                                             plan.cluster, tensors=len(variables)).total
         r["cluster"] = plan.cluster.to_list()
         r["compute_s"] = compute_time(results, r["model"], plan.cluster)
-        r["predicted_s"] = r["compute_s"] + r["predicted_exchange_s"]
+        # The backward pass after the step's first gradient is in T_comp and in the exchange's time.
+        r["overlapped_s"] = max(plan.ready.values(), default=0.0)
+        r["predicted_s"] = r["compute_s"] - r["overlapped_s"] + r["predicted_exchange_s"]
 
 
 def compute_time(results, model_name, cluster):
