@@ -42,18 +42,24 @@ TFCOMP_HOST_DEVICE inline int32_t LevelOf(float g, float per_level, bool valid_s
 
 TFCOMP_HOST_DEVICE inline bool IsValidScale(float scale) { return scale > 0.0f && scale <= 3.402823466e38f; }
 
-// Lane `lane` of the packed levels of g[0, size): fields elements per lane, bits each.
+// The levels of values[0, count) packed into one lane, bits each (count <= 32 / bits), values[j]
+// being element first + j of the gradient (whose index draws its noise).
 // (key = Mix64(seed), per_level = levels / scale in float32, valid = IsValidScale(scale).)
-TFCOMP_HOST_DEVICE inline int32_t PackedLane(const float* g, int64_t size, float per_level, bool valid, int32_t levels,
-                                             int bits, uint64_t key, int64_t lane) {
-  const int fields = 32 / bits;
+TFCOMP_HOST_DEVICE inline int32_t PackLevels(const float* values, int count, int64_t first, float per_level, bool valid,
+                                             int32_t levels, int bits, uint64_t key) {
   int64_t packed = 0;
-  for (int j = 0; j < fields; ++j) {
-    const int64_t i = lane * fields + j;
-    if (i >= size) break;
-    packed += static_cast<int64_t>(LevelOf(g[i], per_level, valid, levels, Uniform24(key, i))) << (bits * j);
+  for (int j = 0; j < count; ++j) {
+    packed += static_cast<int64_t>(LevelOf(values[j], per_level, valid, levels, Uniform24(key, first + j))) << (bits * j);
   }
   return static_cast<int32_t>(packed);  // |packed| < 2^31: exact
+}
+
+// Lane `lane` of the packed levels of g[0, size): 32 / bits elements per lane (fewer in the last).
+TFCOMP_HOST_DEVICE inline int32_t PackedLane(const float* g, int64_t size, float per_level, bool valid, int32_t levels,
+                                             int bits, uint64_t key, int64_t lane) {
+  const int64_t fields = 32 / bits, first = lane * fields;
+  const int count = static_cast<int>(size - first < fields ? (size > first ? size - first : 0) : fields);
+  return PackLevels(g + first, count, first, per_level, valid, levels, bits, key);
 }
 
 // The signed fields of one lane, lowest first, into out[0, count) times step.
