@@ -27,7 +27,7 @@ asan-test: setup  ## the op library built with AddressSanitizer, run against the
 bench: setup      ## kernel benchmark; writes benchmarks/results/kernel_benchmark.md
 	$(PY) -m benchmarks.kernel_benchmark --markdown_out=benchmarks/results/kernel_benchmark.md
 
-validate: setup   ## the cost model against 2-worker training on 2 emulated hosts (root); writes benchmarks/results/network_validation.md
+validate: setup   ## the cost model against 2-worker training of 4 models on 2 emulated hosts at 6 rates (root; --hosts=4 or 8 by hand); writes benchmarks/results/network_validation.md
 	$(PY) -m benchmarks.network_validation --markdown_out=benchmarks/results/network_validation.md \
 	    --json_out=benchmarks/results/network_validation.json
 

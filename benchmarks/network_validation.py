@@ -13,8 +13,9 @@ results recorded before then are of that set-up.)
 
 Needs root. Run from the repository root:
 
-  python -m benchmarks.network_validation [--hosts=2] [--settings=unshaped,500mbit,1gbit,2gbit,5gbit]
-      [--rounds=11] [--steps=6] [--markdown_out=benchmarks/results/network_validation.md]
+  python -m benchmarks.network_validation [--hosts=2] [--settings=unshaped,500mbit,1gbit,2gbit,5gbit,10gbit]
+      [--models=giant,many_small,cnn,vit] [--rounds=11] [--steps=6]
+      [--markdown_out=benchmarks/results/network_validation.md]
 """
 
 import datetime
@@ -32,7 +33,7 @@ from benchmarks.cluster import Cluster, cluster_unavailable_reason
 __all__ = ["summarise"]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit"],
+flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit", "10gbit"],
                   "Link rates of the hosts (e.g. 1gbit), or 'unshaped'.")
 flags.DEFINE_integer("hosts", 2, "Emulated hosts, one worker each.")
 flags.DEFINE_integer("rounds", 11, "Interleaved rounds per setting (the median is reported).")

@@ -28,7 +28,10 @@ configuration later than the one before):
 
 The tfcomp configurations re-plan after their first trial with the gradients' ready times measured
 in those steps (`GradientExchange.replan`, what `tfcomp.keras.Replan` does in model.fit), trace the
-step again where the plan changed, and run on until the new plan's trial has decided.
+step again where the plan changed, and run on until the new plan's trial has decided; then, over
+the exchange timeline's window of steps, the overlap slowdown (how much slower transfers run beside
+the backward pass: on this machine the workers' collectives and compute share its cores) is fitted
+to the measured exchange end, as `GradientExchange.check_prediction` does in training.
 
 Predictions: T_comp is the measured compute_synced step less the cost model's time for its
 one-float allreduce (the plain compute step where compute_synced was not run); the exchange's time
@@ -37,11 +40,12 @@ times (seconds from the step's first gradient to each gradient; their span, the 
 after its first gradient, is part of T_comp): T = T_comp - span + when the exchange ends after the
 first gradient, the plan's `predicted_exchange_time` (dense buckets overlapping the backward pass),
 for horovod_dense `cost_model.horovod_dense_finish` (Horovod's fusion buffer replayed over the same
-ready times, those of the plan configuration). Without them (a tfcomp configuration that makes no
+ready times and overlap slowdown, those of the plan configuration). Without them (a tfcomp configuration that makes no
 plan of its own): 000's T = T_comp + exchange after the backward pass. Rank 0 writes the JSON.
 """
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -114,6 +118,7 @@ class Trainer:
         self.optimizer = inner if wrap in (None, SYNCED) else wrap(inner)
         self.wrap = wrap
         self.step = self._traced_step()
+        self.fitted_plan = None  # the plan run, with measured ready times and overlap slowdown (warm_up)
 
     def _traced_step(self):
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -143,6 +148,27 @@ class Trainer:
             self.step = self._traced_step()
             self.run(2)
             self._until_trial_decided()
+        if isinstance(self.exchange, tfcomp.GradientExchange) and self.exchange.compressor.planning == "auto":
+            self._fit_overlap_slowdown()
+
+    def _fit_overlap_slowdown(self):
+        """Runs the exchange timeline's window of steps and fits the overlap slowdown to them
+        (`planning.fit_overlap_slowdown`: how much slower transfers ran beside the backward pass),
+        as `GradientExchange.check_prediction` does in training, but whatever the departure and
+        without re-planning: `fitted_plan` is the plan run (all dense where its trial dropped it)
+        with those steps' ready times and exchange end, the latest over the ranks."""
+        exchange = self.exchange
+        self.run(exchange.timeline.window)
+        measured = exchange.timeline.read()
+        values = measured["ready_seconds"] + [max(measured["bucket_end_seconds"], default=0.0)]
+        gathered = hvd_tf.allgather(tf.constant([values], tf.float64), name="network_worker_timeline").numpy()
+        latest = gathered.max(axis=0)
+        trial = exchange.trial
+        running = exchange.plan.all_dense() if trial is not None and not trial.read()["compressed"] else exchange.plan
+        running = dataclasses.replace(running, ready={p: float(t) for p, t in enumerate(latest[:-1])})
+        slowdown = planning.fit_overlap_slowdown(running, float(latest[-1]))
+        self.fitted_plan = dataclasses.replace(
+            running, cluster=dataclasses.replace(running.cluster, overlap_slowdown=slowdown))
 
     def _until_trial_decided(self):
         trial = getattr(self.exchange, "trial", None)
@@ -230,12 +256,12 @@ def predict(results, trainers):
             r["strategies"] = sorted({b.strategy for b in plan.buckets})
             r["buckets"] = len(plan.buckets)
         elif isinstance(exchange, tfcomp.GradientExchange):
-            plan = exchange.plan
+            plan = trainers[r["model"], r["config"]].fitted_plan or exchange.plan
             r["predicted_exchange_s"] = planning.predicted_exchange_time(plan)
             r["strategies"] = sorted({b.strategy for b in plan.buckets})
             r["buckets"] = len(plan.buckets)
-        else:  # plain Horovod, priced with the plan configuration's figures and ready times
-            plan = trainers[r["model"], "plan"].exchange.plan
+        else:  # plain Horovod, priced with the plan configuration's figures, ready times and slowdown
+            plan = trainers[r["model"], "plan"].fitted_plan or trainers[r["model"], "plan"].exchange.plan
             variables = trainers[r["model"], r["config"]].model.trainable_variables
             if any(plan.ready.values()):
                 r["predicted_exchange_s"] = cm.horovod_dense_finish(
@@ -245,6 +271,7 @@ def predict(results, trainers):
                 r["predicted_exchange_s"] = cm.strategy_time("dense", r["parameters"], tfcomp.NoCompression(),
                                                              plan.cluster, tensors=len(variables)).total
         r["cluster"] = plan.cluster.to_list()
+        r["overlap_slowdown"] = plan.cluster.overlap_slowdown
         r["compute_s"] = compute_time(results, r["model"], plan.cluster)
         # The backward pass after the step's first gradient is in T_comp and in the exchange's time.
         r["overlapped_s"] = max(plan.ready.values(), default=0.0)

@@ -1,5 +1,6 @@
 """The validation harness's summary: prediction errors and the issue's checks from worker results."""
 
+import dataclasses
 import types
 
 import pytest
@@ -91,8 +92,9 @@ def test_compute_time_takes_the_synced_step_less_its_modelled_allreduce(rng):
 class _Trainer:
     """What predict() reads of a network_worker.Trainer: its exchange and its model's variables."""
 
-    def __init__(self, exchange, sizes):
+    def __init__(self, exchange, sizes, fitted_plan=None):
         self.exchange = exchange
+        self.fitted_plan = fitted_plan
         self.model = types.SimpleNamespace(trainable_variables=[types.SimpleNamespace(shape=tf.TensorShape([n]))
                                                                 for n in sizes])
 
@@ -126,3 +128,23 @@ def test_predictions_overlap_the_backward_pass_where_ready_times_were_measured(r
     assert results[3]["overlapped_s"] == pytest.approx(span)
     # Overlapped or not, a prediction never ends before the compute step does.
     assert min(results[2]["predicted_s"], results[3]["predicted_s"]) >= compute
+
+
+def test_predictions_price_the_fitted_plan_where_warm_up_fitted_one(rng):
+    sizes = [int(n) for n in rng.integers(100_000, 400_000, 4)]
+    cluster = cm.ClusterModel(2, cm.Network(5e-5, 1.25e8), cm.Network(5e-5, 1.25e8), cm.AffineCost(1e-4, 2e-9),
+                              1e-5)
+    ready = sorted(float(t) for t in rng.uniform(0.0, 0.02, len(sizes)))
+    plan = planning.make_plan([(i, f"g{i}", n) for i, n in enumerate(sizes)], tfcomp.NoCompression(), cluster,
+                              ready_seconds=ready)
+    slowed = dataclasses.replace(plan, cluster=dataclasses.replace(cluster, overlap_slowdown=3.0))
+    results = [result("m", "compute", 0.05), result("m", "horovod_dense", 0.2), result("m", "plan", 0.1)]
+    trainers = {("m", "plan"): _Trainer(_exchange_running(plan), sizes, fitted_plan=slowed),
+                ("m", "horovod_dense"): _Trainer(None, sizes)}
+    predict(results, trainers)
+    assert results[2]["predicted_s"] == pytest.approx(0.05 - max(ready) + planning.predicted_exchange_time(slowed))
+    assert results[1]["predicted_s"] == pytest.approx(0.05 - max(ready) + cm.horovod_dense_finish(sizes, ready,
+                                                                                                   slowed.cluster))
+    assert results[1]["overlap_slowdown"] == results[2]["overlap_slowdown"] == 3.0
+    # Slower transfers beside the backward pass never end the exchange earlier.
+    assert planning.predicted_exchange_time(slowed) >= planning.predicted_exchange_time(plan)
