@@ -144,11 +144,13 @@ class Trainer:
         it keeps. Every rank decides at the same step."""
         self.run(5)
         self._until_trial_decided()
-        if isinstance(self.exchange, tfcomp.GradientExchange) and self.exchange.replan():
+        if not isinstance(self.exchange, tfcomp.GradientExchange):
+            return
+        if self.exchange.replan():
             self.step = self._traced_step()
             self.run(2)
             self._until_trial_decided()
-        if isinstance(self.exchange, tfcomp.GradientExchange) and self.exchange.compressor.planning == "auto":
+        if self.exchange.compressor.planning == "auto":
             self._fit_overlap_slowdown()
 
     def _fit_overlap_slowdown(self):
@@ -169,6 +171,11 @@ class Trainer:
         slowdown = planning.fit_overlap_slowdown(running, float(latest[-1]))
         self.fitted_plan = dataclasses.replace(
             running, cluster=dataclasses.replace(running.cluster, overlap_slowdown=slowdown))
+
+    @property
+    def plan(self):
+        """The plan its predictions price: the fitted one where warm_up fitted it, else the exchange's."""
+        return self.fitted_plan or self.exchange.plan
 
     def _until_trial_decided(self):
         trial = getattr(self.exchange, "trial", None)
@@ -256,12 +263,12 @@ def predict(results, trainers):
             r["strategies"] = sorted({b.strategy for b in plan.buckets})
             r["buckets"] = len(plan.buckets)
         elif isinstance(exchange, tfcomp.GradientExchange):
-            plan = trainers[r["model"], r["config"]].fitted_plan or exchange.plan
+            plan = trainers[r["model"], r["config"]].plan
             r["predicted_exchange_s"] = planning.predicted_exchange_time(plan)
             r["strategies"] = sorted({b.strategy for b in plan.buckets})
             r["buckets"] = len(plan.buckets)
         else:  # plain Horovod, priced with the plan configuration's figures, ready times and slowdown
-            plan = trainers[r["model"], "plan"].fitted_plan or trainers[r["model"], "plan"].exchange.plan
+            plan = trainers[r["model"], "plan"].plan
             variables = trainers[r["model"], r["config"]].model.trainable_variables
             if any(plan.ready.values()):
                 r["predicted_exchange_s"] = cm.horovod_dense_finish(

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import tfcomp
 from benchmarks.network_validation import summarise
-from benchmarks.network_worker import compute_time, predict
+from benchmarks.network_worker import Trainer, compute_time, predict
 from tfcomp import cost_model as cm
 from tfcomp import planning
 
@@ -90,7 +90,10 @@ def test_compute_time_takes_the_synced_step_less_its_modelled_allreduce(rng):
 
 
 class _Trainer:
-    """What predict() reads of a network_worker.Trainer: its exchange and its model's variables."""
+    """What predict() reads of a network_worker.Trainer: its exchange, its model's variables and
+    the plan it prices (Trainer's own property)."""
+
+    plan = Trainer.plan
 
     def __init__(self, exchange, sizes, fitted_plan=None):
         self.exchange = exchange

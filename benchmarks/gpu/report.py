@@ -94,9 +94,9 @@ def render(results, info) -> str:
         "",
     ]
     lines += table(results, sizes, COLUMNS)
-    passes = table(results, sizes, PASS_COLUMNS)
-    if any(op in {o for o, _ in results} for op, _ in PASS_COLUMNS[2:]):
-        lines += ["", "The exchange's fused passes beside their floors (same runs):", ""] + passes
+    if any((op, d) in results for op, _ in PASS_COLUMNS[2:] for d in sizes):  # beyond the first table's
+        lines += ["", "The exchange's fused passes beside their floors (same runs):", ""]
+        lines += table(results, sizes, PASS_COLUMNS)
     if sizes:
         d = sizes[-1]
         lines += ["", f"Issue 15 targets at d = 2^{d.bit_length() - 1}:", ""]
