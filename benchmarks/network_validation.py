@@ -89,6 +89,30 @@ def _row(results, model, config):
     return next((r for r in results if r["model"] == model and r["config"] == config), None)
 
 
+def _trial_text(trials) -> str:
+    """The warm-up's trials of a plan (`tfcomp.trial.PlanTrial.read` each), as text."""
+    return "; ".join(f"{'kept' if t['compressed'] else 'dropped'} ({t['compressed_ms']:.1f} against "
+                     f"{t['dense_ms']:.1f} ms dense)" for t in trials) or "none"
+
+
+def _plan_against_horovod(by_setting: dict) -> str:
+    """A table: per network and model, the default plan's step against plain Horovod's, as the
+    ratio of their medians and round by round (the two run in every round, so the ratio of a round
+    cancels what drifts between rounds: its median and range), with the plan's trials in warm-up."""
+    lines = ["| network | model | plan's strategies | its trials in warm-up | plan / Horovod, medians | "
+             "same, round by round: median (min to max) |", "|---|---|---|---|---|---|"]
+    for setting, data in by_setting.items():
+        for model in dict.fromkeys(r["model"] for r in data["results"]):
+            plan, horovod = _row(data["results"], model, "plan"), _row(data["results"], model, "horovod_dense")
+            if plan is None or horovod is None:
+                continue
+            paired = [a / b for a, b in zip(plan["samples_s"], horovod["samples_s"])]
+            lines.append(f"| {setting} | {model} | {'+'.join(plan.get('strategies', ['dense']))} | "
+                         f"{_trial_text(plan.get('trials', []))} | {plan['measured_s'] / horovod['measured_s']:.3f} | "
+                         f"{statistics.median(paired):.3f} ({min(paired):.2f} to {max(paired):.2f}) |")
+    return "\n".join(lines)
+
+
 def summarise(by_setting: dict) -> tuple:
     """(markdown text, {"errors": [...], "checks": {...}}) from {setting: worker JSON}."""
     lines = ["| network | per-worker Gbit/s (calibrated) | model | config | strategies | measured ms | "
@@ -107,6 +131,7 @@ def summarise(by_setting: dict) -> tuple:
             lines.append(f"| {setting} | {gbits:.2f} | {r['model']} | {r['config']} | "
                          f"{'+'.join(r.get('strategies', ['dense']))} | {1e3 * r['measured_s']:.1f} | "
                          f"{1e3 * r['predicted_s']:.1f} | {100 * error:+.1f}% |")
+    text = "\n".join(lines) + "\n\n" + _plan_against_horovod(by_setting)
     checks = {}
     if errors:
         checks["prediction_error_median"] = statistics.median(errors)
@@ -124,7 +149,6 @@ def summarise(by_setting: dict) -> tuple:
             # cancels what drifts between rounds on a shared machine.
             checks[name + "_paired"] = statistics.median(
                 a / b for a, b in zip(top["samples_s"], bottom["samples_s"]))
-    text = "\n".join(lines)
     steal = [f"{setting} {100 * data['cpu_steal']:.0f} %" for setting, data in by_setting.items() if "cpu_steal" in data]
     if steal:
         text += "\n\nCPU time the host took for other machines during each setting (steal): " + ", ".join(steal) + "."

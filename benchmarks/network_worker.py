@@ -119,6 +119,7 @@ class Trainer:
         self.wrap = wrap
         self.step = self._traced_step()
         self.fitted_plan = None  # the plan run, with measured ready times and overlap slowdown (warm_up)
+        self.trials = []  # each trial's result (tfcomp.trial.PlanTrial.read) once decided, in warm-up
 
     def _traced_step(self):
         loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -181,6 +182,8 @@ class Trainer:
         trial = getattr(self.exchange, "trial", None)
         while trial is not None and not trial.read()["decided"]:
             self.run(1)
+        if trial is not None:
+            self.trials.append(trial.read())
 
     def run(self, steps):
         for _ in range(steps):
@@ -239,7 +242,7 @@ def main():
             samples[key].append((time.perf_counter() - start) / steps[key])
     results = []
     for (model_name, config), trainer in trainers.items():
-        results.append({"model": model_name, "config": config, "parameters": trainer.parameters(),
+        results.append({"model": model_name, "config": config, "parameters": trainer.parameters(), "trials": trainer.trials,
                         "measured_s": statistics.median(samples[model_name, config]),
                         "samples_s": samples[model_name, config]})
     predict(results, trainers)

@@ -260,6 +260,64 @@ def check_trial(report):
     report["trial/steps_counted_after_warmup"] = int(runtime.trial.step.numpy())
 
 
+def check_dropped_plan(report):
+    """A plan whose trial drops it: the re-plan after the decision installs the all-dense plan
+    without the trial's branch or the residuals' flush (the trial's first dense step sent every
+    residual): its step has no tf.cond, returns what Horovod's own allreduce returns, and leaves
+    the residuals at zero; over all the steps, what was returned adds up to the average of all
+    gradients. The trial's clock is stood in for (the plan's steps 0.4 s, dense ones 0.3 s), and
+    the network unpriced, so that nothing hangs on timings."""
+    from tfcomp.cost_model import ClusterModel, StrategyTime
+    from tfcomp.planning import Bucket, Plan
+    from tfcomp.trial import PlanTrial
+
+    rng = np.random.default_rng(400 + hvd.rank())
+    sizes = [3000, 400, 50]
+    compressor = tfcomp.DRAGONN(0.05, min_elements=256)
+    exchange = tfcomp.GradientExchange(compressor)
+    exchange._planner.cluster = ClusterModel.unpriced(hvd.size())
+    variables = [tf.Variable(tf.zeros([n])) for n in sizes]
+    sent_total, reduced_total = [np.zeros(n) for n in sizes], [np.zeros(n) for n in sizes]
+
+    def step():
+        grads = [tf.constant(rng.standard_normal(n).astype(np.float32)) for n in sizes]
+        reduced = [r.numpy() for r in exchange(grads, variables)]
+        for i, (g, r) in enumerate(zip(grads, reduced)):
+            sent_total[i] += g.numpy()
+            reduced_total[i] += r
+        return grads, reduced
+
+    step()  # the planner's first plan
+    entry = exchange._plans[exchange._last_key]
+    compressing = Plan((Bucket((0,), sizes[0], "allgather", StrategyTime(0.0, 0.0), 0.0),
+                        Bucket((1, 2), sizes[1] + sizes[2], "dense", StrategyTime(0.0, 0.0), 0.0)),
+                       entry.plan.names, compressor, entry.plan.cluster)
+    entry = exchange._install(exchange._last_key, compressing, entry.tensors, entry.signature, entry.specs,
+                              entry.sources)
+    clock = tf.Variable(0.0, dtype=tf.float64)
+    entry.runtime.trial = exchange.trial = PlanTrial(1, clock=clock.read_value)
+    for call in range(5):  # 2 steps with the plan, 2 dense, the choice at the fifth
+        step()
+        clock.assign_add(0.4 if call <= 1 else 0.3)
+    report["dropped_plan/trial"] = exchange.trial.read()
+    report["dropped_plan/changed"] = exchange.replan()
+    entry = exchange._plans[exchange._last_key]
+    report["dropped_plan/runtime"] = [entry.runtime.trial is None, entry.runtime.residuals_sent,
+                                      len(entry.plan.compressed)]
+    worst = 0.0
+    for _ in range(3):
+        grads, reduced = step()
+        plain = [hvd_tf.allreduce(g, op=hvd_tf.Average).numpy() for g in grads]
+        worst = max(worst, *(float(np.max(np.abs(r - p))) for r, p in zip(reduced, plain)))
+    report["dropped_plan/against_horovod"] = worst
+    graph = entry.eager_step._function.get_concrete_function([tf.TensorSpec([n]) for n in sizes]).graph
+    report["dropped_plan/conds"] = sum(op.type in ("If", "StatelessIf") for op in graph.get_operations())
+    report["dropped_plan/residual_left"] = max(float(np.max(np.abs(exchange.memory.residual(v, n).numpy())))
+                                               for v, n in zip(variables, sizes) if exchange.memory.has(v))
+    expected = [hvd_tf.allreduce(tf.constant(t), op=hvd_tf.Average).numpy() for t in sent_total]
+    report["dropped_plan/conserved"] = max(float(np.max(np.abs(r - e))) for r, e in zip(reduced_total, expected))
+
+
 def train_steps(model, opt, batches):
     """Custom GradientTape loop with opt.minimize, inside a tf.function."""
     @tf.function
@@ -586,7 +644,7 @@ def main():
     hvd.init()
     report = {"size": hvd.size(), "rank": hvd.rank()}
     for check in (check_exchange_semantics, check_training, check_trial, check_embedding, check_checkpoint,
-                  check_loss_scale_skip, check_planning, check_partitioned, check_replan):
+                  check_loss_scale_skip, check_planning, check_partitioned, check_replan, check_dropped_plan):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

@@ -175,6 +175,19 @@ def test_replan_with_ready_times_splits_the_dense_bucket_alike_on_every_rank(rep
     assert len({json.dumps(r["replan/callback_checks"]) for r in reports}) == 1
 
 
+def test_a_dropped_plan_is_replaced_by_plain_dense_steps(reports):
+    dropped = values(reports, "dropped_plan")
+    size = reports[0]["size"]
+    assert dropped["trial"] == [{"decided": True, "compressed": False, "compressed_ms": pytest.approx(400.0),
+                                 "dense_ms": pytest.approx(300.0)}] * size
+    assert dropped["changed"] == [True] * size
+    assert dropped["runtime"] == [[True, True, 0]] * size  # no trial, no residual left: no flush
+    assert dropped["conds"] == [0] * size
+    assert max(dropped["against_horovod"]) < FLOAT_TOLERANCE
+    assert dropped["residual_left"] == [0.0] * size
+    assert max(dropped["conserved"]) < FLOAT_TOLERANCE
+
+
 def test_a_departing_exchange_is_re_planned_alike_on_every_rank(reports):
     for r in reports:
         assert r["predict/too_early"] is True

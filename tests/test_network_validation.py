@@ -53,7 +53,8 @@ def test_summary_reports_errors_and_checks(rng):
     assert checks["unshaped_many_small_plan_over_horovod"] == pytest.approx(0.021 / 0.02)
     assert checks["1gbit_giant_horovod_over_plan"] == pytest.approx(6.0)
     assert checks["1gbit_many_small_per_tensor_over_plan"] == pytest.approx(0.02 / 0.015)
-    assert text.count("| unshaped |") == 11 and "| 1gbit | 0.50 | giant | dragonn | allgather |" in text
+    # 11 rows of measurements, 2 of the plan against plain Horovod.
+    assert text.count("| unshaped |") == 13 and "| 1gbit | 0.50 | giant | dragonn | allgather |" in text
     assert "steal" not in text  # no figure measured, no line
 
 
@@ -78,6 +79,18 @@ def test_paired_ratio_is_the_median_of_ratios_round_by_round():
     plan["samples_s"] = [0.011, 0.022, 0.060]
     _, checks = summarise(by_setting)
     assert checks["unshaped_many_small_plan_over_horovod_paired"] == pytest.approx(1.1)
+
+
+def test_plan_against_horovod_shows_rounds_and_trials():
+    by_setting = {"unshaped": setting(0.08, 0.1, 0.02, 0.021, 0.03, [0.0] * 6)}
+    results = by_setting["unshaped"]["results"]
+    horovod, plan = results[7], results[9]
+    horovod["samples_s"], plan["samples_s"] = [0.010, 0.020, 0.040], [0.012, 0.019, 0.048]
+    plan["trials"] = [{"decided": True, "compressed": False, "compressed_ms": 25.0, "dense_ms": 21.5}]
+    text, _ = summarise(by_setting)
+    assert ("| unshaped | many_small | dense | dropped (25.0 against 21.5 ms dense) | 1.050 | "
+            "1.200 (0.95 to 1.20) |") in text
+    assert "| unshaped | giant | allgather | none | 1.250 | 1.250 (1.25 to 1.25) |" in text
 
 
 def test_compute_time_takes_the_synced_step_less_its_modelled_allreduce(rng):
