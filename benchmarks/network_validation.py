@@ -95,21 +95,27 @@ def _trial_text(trials) -> str:
                      f"{t['dense_ms']:.1f} ms dense)" for t in trials) or "none"
 
 
+AGAINST_HOROVOD = ("plan", "forced_dense")  # the tfcomp configurations tabled against plain Horovod
+
+
 def _plan_against_horovod(by_setting: dict) -> str:
-    """A table: per network and model, the default plan's step against plain Horovod's, as the
-    ratio of their medians and round by round (the two run in every round, so the ratio of a round
-    cancels what drifts between rounds: its median and range), with the plan's trials in warm-up."""
-    lines = ["| network | model | plan's strategies | its trials in warm-up | plan / Horovod, medians | "
-             "same, round by round: median (min to max) |", "|---|---|---|---|---|---|"]
+    """A table: per network, model and tfcomp configuration of `AGAINST_HOROVOD` that ran, its step
+    against plain Horovod's, as the ratio of their medians and round by round (the two run in every
+    round, so the ratio of a round cancels what drifts between rounds: its median and range), with
+    the plan's strategies and its trials in warm-up."""
+    lines = ["| network | model | config | strategies | trials in warm-up | / Horovod, medians | "
+             "same, round by round: median (min to max) |", "|---|---|---|---|---|---|---|"]
     for setting, data in by_setting.items():
         for model in dict.fromkeys(r["model"] for r in data["results"]):
-            plan, horovod = _row(data["results"], model, "plan"), _row(data["results"], model, "horovod_dense")
-            if plan is None or horovod is None:
-                continue
-            paired = [a / b for a, b in zip(plan["samples_s"], horovod["samples_s"])]
-            lines.append(f"| {setting} | {model} | {'+'.join(plan.get('strategies', ['dense']))} | "
-                         f"{_trial_text(plan.get('trials', []))} | {plan['measured_s'] / horovod['measured_s']:.3f} | "
-                         f"{statistics.median(paired):.3f} ({min(paired):.2f} to {max(paired):.2f}) |")
+            horovod = _row(data["results"], model, "horovod_dense")
+            for config in AGAINST_HOROVOD:
+                run = _row(data["results"], model, config)
+                if run is None or horovod is None:
+                    continue
+                paired = [a / b for a, b in zip(run["samples_s"], horovod["samples_s"])]
+                lines.append(f"| {setting} | {model} | {config} | {'+'.join(run.get('strategies', ['dense']))} | "
+                             f"{_trial_text(run.get('trials', []))} | {run['measured_s'] / horovod['measured_s']:.3f} | "
+                             f"{statistics.median(paired):.3f} ({min(paired):.2f} to {max(paired):.2f}) |")
     return "\n".join(lines)
 
 

@@ -25,6 +25,8 @@ configuration later than the one before):
   plan           tfcomp DRAGONN(0.001) with the default plan (the cost model chooses per bucket)
   per_tensor     (many_small only) DRAGONN(0.001, planning="off"): every tensor of >= 1024
                  elements compressed on its own, as layer-wise compression does
+  forced_dense   (only where --configs names it) DRAGONN(0.001, strategy="dense"): tfcomp's dense
+                 path alone, against plain Horovod
 
 The tfcomp configurations re-plan after their first trial with the gradients' ready times measured
 in those steps (`GradientExchange.replan`, what `tfcomp.keras.Replan` does in model.fit), trace the
@@ -104,6 +106,12 @@ def configurations(model_name):
     return configs
 
 
+# Run only where --configs names them: diagnostics, not part of the grid.
+EXTRA_CONFIGS = {
+    "forced_dense": lambda opt: hvd.DistributedOptimizer(opt, compression=tfcomp.DRAGONN(RATIO, strategy="dense")),
+}
+
+
 class Trainer:
     """One model and optimizer with a compiled step on a fixed batch."""
 
@@ -159,17 +167,11 @@ class Trainer:
         (`planning.fit_overlap_slowdown`: how much slower transfers ran beside the backward pass),
         as `GradientExchange.check_prediction` does in training, but whatever the departure and
         without re-planning: `fitted_plan` is the plan run (all dense where its trial dropped it)
-        with those steps' ready times and exchange end, the latest over the ranks."""
-        exchange = self.exchange
-        self.run(exchange.timeline.window)
-        measured = exchange.timeline.read()
-        values = measured["ready_seconds"] + [max(measured["bucket_end_seconds"], default=0.0)]
-        gathered = hvd_tf.allgather(tf.constant([values], tf.float64), name="network_worker_timeline").numpy()
-        latest = gathered.max(axis=0)
-        trial = exchange.trial
-        running = exchange.plan.all_dense() if trial is not None and not trial.read()["compressed"] else exchange.plan
-        running = dataclasses.replace(running, ready={p: float(t) for p, t in enumerate(latest[:-1])})
-        slowdown = planning.fit_overlap_slowdown(running, float(latest[-1]))
+        with those steps' ready times and exchange end, the latest over the ranks
+        (`GradientExchange.measured_plan`)."""
+        self.run(self.exchange.timeline.window)
+        running, end = self.exchange.measured_plan()
+        slowdown = planning.fit_overlap_slowdown(running, end)
         self.fitted_plan = dataclasses.replace(
             running, cluster=dataclasses.replace(running.cluster, overlap_slowdown=slowdown))
 
@@ -216,9 +218,11 @@ def main():
     tf.config.threading.set_inter_op_parallelism_threads(2)
     hvd.init()
     trainers = {}
+    chosen = args.configs.split(",") if args.configs else None
     for model_name in args.models.split(","):
-        for config, wrap in configurations(model_name).items():
-            if args.configs and config not in args.configs.split(","):
+        extra = {name: wrap for name, wrap in EXTRA_CONFIGS.items() if chosen and name in chosen}
+        for config, wrap in {**configurations(model_name), **extra}.items():
+            if chosen and config not in chosen:
                 continue
             trainer = Trainer(model_name, wrap)
             trainer.warm_up()

@@ -88,9 +88,9 @@ def test_plan_against_horovod_shows_rounds_and_trials():
     horovod["samples_s"], plan["samples_s"] = [0.010, 0.020, 0.040], [0.012, 0.019, 0.048]
     plan["trials"] = [{"decided": True, "compressed": False, "compressed_ms": 25.0, "dense_ms": 21.5}]
     text, _ = summarise(by_setting)
-    assert ("| unshaped | many_small | dense | dropped (25.0 against 21.5 ms dense) | 1.050 | "
+    assert ("| unshaped | many_small | plan | dense | dropped (25.0 against 21.5 ms dense) | 1.050 | "
             "1.200 (0.95 to 1.20) |") in text
-    assert "| unshaped | giant | allgather | none | 1.250 | 1.250 (1.25 to 1.25) |" in text
+    assert "| unshaped | giant | plan | allgather | none | 1.250 | 1.250 (1.25 to 1.25) |" in text
 
 
 def test_compute_time_takes_the_synced_step_less_its_modelled_allreduce(rng):

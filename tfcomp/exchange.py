@@ -397,9 +397,8 @@ class GradientExchange(tf.Module):
         since = int(timeline.steps.numpy()) if trial is None else int(trial.step.numpy()) - trial.decision_step
         if since < timeline.window:
             return None
-        ready, measured = self._latest_over_ranks(entry, timeline.read())
-        running = entry.plan.all_dense() if self._plan_dropped() else entry.plan
-        running = replace(running, ready={p: ready[i] for i, (p, _, _) in enumerate(entry.tensors)})
+        running, measured = self.measured_plan()
+        ready = [running.ready[p] for p, _, _ in entry.tensors]
         predicted = planning.predicted_exchange_time(running)
         departure = measured / predicted - 1.0 if predicted > 0.0 else 0.0
         result = {"predicted_seconds": predicted, "measured_seconds": measured, "departure": departure,
@@ -430,6 +429,25 @@ class GradientExchange(tf.Module):
                          " and the cluster calibrated again" if result["recalibrated"] else "",
                          "a new plan\n" + self.plan.table() if result["changed"] else "the plan stays")
         return result
+
+    def measured_plan(self):
+        """(plan, seconds): the plan run for the last list of gradients (all dense where its trial
+        dropped it) with the gradients' ready times its exchange timeline measured, and when its
+        exchange ended after the step's first gradient: medians over the timeline's window, each
+        the latest over the ranks (a collective waits for its slowest rank; one allgather). None
+        where there is nothing measured yet (no plan, one worker, no step run). Call it eagerly,
+        on every rank at the same step. `tfcomp.planning.predicted_exchange_time` of the plan is
+        what `check_prediction` compares with the seconds, and `planning.fit_overlap_slowdown`
+        fits the slowdown that explains them."""
+        entry = self._plans.get(self._last_key)
+        if entry is None or self._collectives.size < 2 or not entry.tensors:
+            return None
+        measured = entry.runtime.timeline.read()
+        if measured["steps"] == 0:
+            return None
+        ready, end = self._latest_over_ranks(entry, measured)
+        running = entry.plan.all_dense() if self._plan_dropped() else entry.plan
+        return replace(running, ready={p: ready[i] for i, (p, _, _) in enumerate(entry.tensors)}), end
 
     def _network_could_change_the_plan(self, entry, running, ready: list, measured: float) -> bool:
         """Whether calibrating the networks again could change the plan `running` (its `ready` the
