@@ -30,10 +30,13 @@ configuration later than the one before):
 
 The tfcomp configurations re-plan after their first trial with the gradients' ready times measured
 in those steps (`GradientExchange.replan`, what `tfcomp.keras.Replan` does in model.fit), trace the
-step again where the plan changed, and run on until the new plan's trial has decided; then, over
-the exchange timeline's window of steps, the overlap slowdown (how much slower transfers run beside
-the backward pass: on this machine the workers' collectives and compute share its cores) is fitted
-to the measured exchange end, as `GradientExchange.check_prediction` does in training.
+step again where the plan changed, and run on until the new plan's trial has decided; after the
+exchange timeline's window of steps they check the prediction as `Replan` does every 20 steps
+(`GradientExchange.check_prediction`, which may re-plan, or install an all-dense plan again without
+the flush of residuals it has sent) and run any new plan the same way; then, over the window's
+steps, the overlap slowdown (how much slower transfers run beside the backward pass: on this
+machine the workers' collectives and compute share its cores) is fitted to the measured exchange
+end, as `GradientExchange.check_prediction` does in training.
 
 Predictions: T_comp is the measured compute_synced step less the cost model's time for its
 one-float allreduce (the plain compute step where compute_synced was not run); the exchange's time
@@ -150,17 +153,29 @@ class Trainer:
         some steps with the plan, some dense), runs on until the trial has decided; then re-plans
         with the ready times measured so far (tracing the step again where the plan changed) and
         runs on until that plan's trial has decided too, so that the timed rounds measure the plan
-        it keeps. Every rank decides at the same step."""
+        it keeps; then, after the timeline's window of steps, checks the prediction as `Replan`
+        does every 20 steps (`GradientExchange.check_prediction`: a re-plan where the exchange
+        departs from it, or the all-dense plan installed again without a flush of residuals it has
+        sent), and runs the new plan in the same way where that changed it. Every rank decides at
+        the same step."""
         self.run(5)
         self._until_trial_decided()
         if not isinstance(self.exchange, tfcomp.GradientExchange):
             return
         if self.exchange.replan():
-            self.step = self._traced_step()
-            self.run(2)
-            self._until_trial_decided()
+            self._run_new_plan()
         if self.exchange.compressor.planning == "auto":
+            self.run(self.exchange.timeline.window)
+            checked = self.exchange.check_prediction()
+            if checked is not None and checked["changed"]:
+                self._run_new_plan()
             self._fit_overlap_slowdown()
+
+    def _run_new_plan(self):
+        """Traces the step again for the exchange's new plan and runs it until its trial (if any) has decided."""
+        self.step = self._traced_step()
+        self.run(2)
+        self._until_trial_decided()
 
     def _fit_overlap_slowdown(self):
         """Runs the exchange timeline's window of steps and fits the overlap slowdown to them

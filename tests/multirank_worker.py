@@ -264,9 +264,11 @@ def check_dropped_plan(report):
     """A plan whose trial drops it: the re-plan after the decision installs the all-dense plan
     without the trial's branch or the residuals' flush (the trial's first dense step sent every
     residual): its step has no tf.cond, returns what Horovod's own allreduce returns, and leaves
-    the residuals at zero; over all the steps, what was returned adds up to the average of all
-    gradients. The trial's clock is stood in for (the plan's steps 0.4 s, dense ones 0.3 s), and
-    the network unpriced, so that nothing hangs on timings."""
+    the residuals at zero. The same for an all-dense plan installed over a compressing plan's
+    residuals: its first step sends them, and the next re-plan installs it again without the
+    flush. Over all the steps, what was returned adds up to the average of all gradients. The
+    trial's clock is stood in for (the plan's steps 0.4 s, dense ones 0.3 s), and the network
+    unpriced, so that nothing hangs on timings."""
     from tfcomp.cost_model import ClusterModel, StrategyTime
     from tfcomp.planning import Bucket, Plan
     from tfcomp.trial import PlanTrial
@@ -304,16 +306,36 @@ def check_dropped_plan(report):
     entry = exchange._plans[exchange._last_key]
     report["dropped_plan/runtime"] = [entry.runtime.trial is None, entry.runtime.residuals_sent,
                                       len(entry.plan.compressed)]
-    worst = 0.0
-    for _ in range(3):
-        grads, reduced = step()
-        plain = [hvd_tf.allreduce(g, op=hvd_tf.Average).numpy() for g in grads]
-        worst = max(worst, *(float(np.max(np.abs(r - p))) for r, p in zip(reduced, plain)))
-    report["dropped_plan/against_horovod"] = worst
-    graph = entry.eager_step._function.get_concrete_function([tf.TensorSpec([n]) for n in sizes]).graph
-    report["dropped_plan/conds"] = sum(op.type in ("If", "StatelessIf") for op in graph.get_operations())
-    report["dropped_plan/residual_left"] = max(float(np.max(np.abs(exchange.memory.residual(v, n).numpy())))
-                                               for v, n in zip(variables, sizes) if exchange.memory.has(v))
+
+    def plain_steps(name):
+        """Three steps, each against Horovod's allreduce; the step's tf.conds; the residuals left."""
+        worst = 0.0
+        for _ in range(3):
+            grads, reduced = step()
+            plain = [hvd_tf.allreduce(g, op=hvd_tf.Average).numpy() for g in grads]
+            worst = max(worst, *(float(np.max(np.abs(r - p))) for r, p in zip(reduced, plain)))
+        report[f"{name}/against_horovod"] = worst
+        graph = entry.eager_step._function.get_concrete_function([tf.TensorSpec([n]) for n in sizes]).graph
+        report[f"{name}/conds"] = sum(op.type in ("If", "StatelessIf") for op in graph.get_operations())
+        report[f"{name}/residual_left"] = max(float(np.max(np.abs(exchange.memory.residual(v, n).numpy())))
+                                              for v, n in zip(variables, sizes) if exchange.memory.has(v))
+
+    plain_steps("dropped_plan")
+    # The plan compressing again (no trial), then an all-dense plan installed over its residuals, as
+    # a re-plan does: its first step sends them; the next re-plan installs it again without the flush.
+    entry = exchange._install(exchange._last_key, compressing, entry.tensors, entry.signature, entry.specs,
+                              entry.sources)
+    entry.runtime.trial = exchange.trial = None
+    step()
+    step()
+    entry = exchange._install(exchange._last_key, compressing.all_dense(), entry.tensors, entry.signature,
+                              entry.specs, entry.sources)
+    step()
+    report["settled/before"] = [entry.runtime.residuals_sent, bool(entry.runtime.flush["plan"].numpy())]
+    report["settled/changed"] = exchange.replan()
+    entry = exchange._plans[exchange._last_key]
+    report["settled/runtime"] = [entry.runtime.trial is None, entry.runtime.residuals_sent, len(entry.plan.compressed)]
+    plain_steps("settled")
     expected = [hvd_tf.allreduce(tf.constant(t), op=hvd_tf.Average).numpy() for t in sent_total]
     report["dropped_plan/conserved"] = max(float(np.max(np.abs(r - e))) for r, e in zip(reduced_total, expected))
 

@@ -175,7 +175,7 @@ def test_replan_with_ready_times_splits_the_dense_bucket_alike_on_every_rank(rep
     assert len({json.dumps(r["replan/callback_checks"]) for r in reports}) == 1
 
 
-def test_a_dropped_plan_is_replaced_by_plain_dense_steps(reports):
+def test_dense_plans_drop_the_flush_of_residuals_they_have_sent(reports):
     dropped = values(reports, "dropped_plan")
     size = reports[0]["size"]
     assert dropped["trial"] == [{"decided": True, "compressed": False, "compressed_ms": pytest.approx(400.0),
@@ -185,6 +185,13 @@ def test_a_dropped_plan_is_replaced_by_plain_dense_steps(reports):
     assert dropped["conds"] == [0] * size
     assert max(dropped["against_horovod"]) < FLOAT_TOLERANCE
     assert dropped["residual_left"] == [0.0] * size
+    settled = values(reports, "settled")
+    assert settled["before"] == [[False, False]] * size  # the flush in the step, nothing left to send
+    assert settled["changed"] == [True] * size
+    assert settled["runtime"] == [[True, True, 0]] * size
+    assert settled["conds"] == [0] * size
+    assert max(settled["against_horovod"]) < FLOAT_TOLERANCE
+    assert settled["residual_left"] == [0.0] * size
     assert max(dropped["conserved"]) < FLOAT_TOLERANCE
 
 

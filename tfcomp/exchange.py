@@ -385,7 +385,8 @@ class GradientExchange(tf.Module):
         trial undecided or the timeline's window not yet full since the plan was installed), else
         {"predicted_seconds", "measured_seconds", "departure" (measured / predicted - 1),
         "replanned" (whether the figures were fitted again), "changed" (whether the plan's buckets
-        did: then trace the step again, as after `replan`), "overlap_slowdown",
+        did, or its all-dense plan was installed again without a flush of residuals it has sent
+        (`_settle`): then trace the step again, as after `replan`), "overlap_slowdown",
         "recalibrated"}."""
         if not threshold > 0.0:
             raise ValueError(f"threshold must be a fraction > 0 of the predicted exchange time, got {threshold!r}")
@@ -405,6 +406,7 @@ class GradientExchange(tf.Module):
                   "replanned": False, "changed": False, "overlap_slowdown": running.cluster.overlap_slowdown,
                   "recalibrated": False}
         if abs(departure) <= threshold or self._plan_dropped():
+            result["changed"] = self._settle(entry, running)
             return result
 
         def fitted(cluster):  # the fit prices every slowdown it tries itself: the cluster's own is not used
@@ -487,23 +489,33 @@ class GradientExchange(tf.Module):
         replace what runs now (the old plan, or all dense where its trial dropped it;
         `planning.replacement` with `min_gain`) (returns True: the step must be traced again, and a
         plan that compresses is tried again), else keeps running the old one with the new plan's
-        figures. Where the running plan's trial dropped it and its dense steps have sent every
-        residual, the all-dense plan is installed whatever it gains: the trial's step carries the
-        dropped plan's branch and the residuals' flush, which cost a step 1.1x plain Horovod's on 8
-        workers of this machine; the new one runs without either."""
+        figures; where that plan sends everything dense, has sent every residual and still carries
+        a trial's branch or their flush, it is installed again without them (`_settle`)."""
         with tf.init_scope():
             plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
             residuals_sent = entry.runtime.dense_residuals_sent(entry.plan)
         dropped = self._plan_dropped()
         running = entry.plan.all_dense() if dropped else entry.plan
         chosen = planning.replacement(running, plan, min_gain, compressing=not dropped)
-        if chosen is None and residuals_sent and not entry.runtime.residuals_sent:
-            chosen = replace(running, cluster=plan.cluster, ready=plan.ready)
         if chosen is None:
             entry.plan = self.plan = replace(entry.plan, cluster=plan.cluster, ready=plan.ready)
-            return False
+            return self._settle(entry, replace(running, cluster=plan.cluster, ready=plan.ready))
         self._install(self._last_key, chosen, entry.tensors, entry.signature, entry.specs, entry.sources,
                       residuals_sent=residuals_sent and not chosen.compressed)
+        return True
+
+    def _settle(self, entry, running) -> bool:
+        """Where every later step of `entry`'s plan sends everything dense (the plan is all dense, or
+        its trial dropped it) and has sent every residual, but the step still carries the trial's
+        branch or the tf.conds that flush residuals (which cost the 82-tensor model's step on 8
+        workers of this machine 1.1x plain Horovod's), installs `running` (that all-dense plan)
+        without them and returns True: trace the step again. Else False."""
+        with tf.init_scope():
+            settled = entry.runtime.residuals_sent or not entry.runtime.dense_residuals_sent(entry.plan)
+        if settled:
+            return False
+        self._install(self._last_key, running, entry.tensors, entry.signature, entry.specs, entry.sources,
+                      residuals_sent=True)
         return True
 
     def _take_restored_state(self) -> None:
