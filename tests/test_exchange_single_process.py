@@ -922,7 +922,7 @@ def _op_types(graph) -> dict:
 def test_a_flushing_step_builds_its_reduction_once(rng, adam):
     """Where a dense bucket's tensor has a residual that may be pending (the flush flag, set at
     first), the flag picks that tensor's residual read and clearing: the step graph holds one
-    encode per compressed bucket and one grouped allreduce per dense bucket, not two of each; the
+    encode per compressed bucket and one allreduce per dense tensor, not two of each; the
     dense tensor is accumulated once with and once without its residual (under Adam correction,
     which keeps every dense tensor's moments; plain, it is a sum with its residual or the gradient
     as it is)."""
@@ -946,7 +946,7 @@ def test_a_flushing_step_builds_its_reduction_once(rng, adam):
     function = tf.function(lambda gs: step(plan, gs, variables, runtime), autograph=False)
     types = _op_types(function.get_concrete_function(grads).graph)
     assert types["Tfcomp>DragonnCompress"] == 1, types
-    assert types["HorovodGroupedAllreduce"] == 1, types
+    assert types["HorovodAllreduce"] == 1, types
     assert types["Tfcomp>AdamAccumulate"] == (3 if adam else 0), types
 
 

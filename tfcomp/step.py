@@ -12,8 +12,9 @@ returns the reduced gradients. It never changes the plan and creates no variable
     AR-Topk (the owner's indices broadcast, values at them allreduced), or the hash-partitioned
     sparse allreduce (pairs to their index's owner by one alltoall, the owners' largest sums
     shared by one allgather; error feedback keeps the pairs an owner dropped); divided by K for Average;
-  * dense buckets: one Horovod grouped allreduce each (per dtype), and one more for the other dense
-    tensors, with Horovod's prescale/postscale factors (fp16 on the wire for `tfcomp.FP16()`);
+  * dense buckets and the other dense tensors: one Horovod allreduce per tensor, as Horovod's own
+    optimizer sends them (its cycle fuses those ready together), with Horovod's prescale/postscale
+    factors (fp16 on the wire for `tfcomp.FP16()`);
   * `tf.IndexedSlices`: Horovod's sparse allreduce (allgather).
 
 The first `compressor.warmup_steps` communicating steps send the compressed buckets dense (with
@@ -39,7 +40,6 @@ import numpy as np
 import tensorflow as tf
 
 from tfcomp import ops
-from tfcomp.collectives import grouped_by_dtype
 from tfcomp.compressors import FP16, scale_values
 from tfcomp.counters import tensor_bytes
 from tfcomp.timeline import ExchangeTimeline
@@ -317,24 +317,20 @@ class StepGraph:
         planned = {p for b in plan.buckets for p in b.positions}
         memory_dense = self._dense_buckets_with_memory(plan, sources, sizes, flush)
         with_memory = {p for b in memory_dense for p in b.positions}
-        dense_groups = [[i for i in b.positions if i not in with_memory]
-                        for b in plan.buckets if b.strategy == "dense"]
-        dense_groups.append([i for i, g in enumerate(grads) if i not in planned and not isinstance(g, tf.IndexedSlices)])
+        # The dense buckets' tensors in the plan's order, then the tensors outside the plan.
+        dense = [i for b in plan.buckets if b.strategy == "dense" for i in b.positions if i not in with_memory]
+        dense += [i for i, g in enumerate(grads) if i not in planned and not isinstance(g, tf.IndexedSlices)]
         prescale, postscale = self._dense_factors()
         for i, g in enumerate(grads):
             if isinstance(g, tf.IndexedSlices):
                 self._count_sent(tensor_bytes(g.values) + tensor_bytes(g.indices))
                 out[i] = hvd.allreduce(g, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
                                        process_set=self.process_set)
-        for group in dense_groups:
-            for i, r in zip(group, self._allreduce_dense([grads[i] for i in group])):
-                out[i] = r
+        for i, r in zip(dense, self._allreduce_dense([grads[i] for i in dense])):
+            out[i] = r
         if compressed or memory_dense:
-            memory_groups = [sum(1 for i in b.positions if i in with_memory)
-                             for b in plan.buckets if b.strategy == "dense"]
             self._place(compressed + memory_dense,
-                        self._buckets_with_memory(compressed, memory_dense, [n for n in memory_groups if n], grads,
-                                                  sources, sizes, out, flush),
+                        self._buckets_with_memory(compressed, memory_dense, grads, sources, sizes, out, flush),
                         grads, sizes, out)
         return out
 
@@ -349,10 +345,10 @@ class StepGraph:
 
     def _dense_buckets_with_memory(self, plan, sources, sizes, flush) -> tuple:
         """The tensors of the plan's dense buckets that go through error-feedback memory, as
-        one-tensor buckets (so that their moments need no concatenated copy; one grouped allreduce
-        per dense bucket still sends them): under DGC momentum or Adam correction all of them, and
-        unless `flush` is None also every other one whose tensor has a residual (to send it where
-        the flag is set). `sizes`: elements of each gradient, by position."""
+        one-tensor buckets (so that their moments need no concatenated copy): under DGC momentum or
+        Adam correction all of them, and unless `flush` is None also every other one whose tensor
+        has a residual (to send it where the flag is set). `sizes`: elements of each gradient, by
+        position."""
         if not self.compressor.error_feedback:
             return ()
         corrected, memory = bool(self.compressor.optimizer_state), self.state.memory
@@ -366,29 +362,27 @@ class StepGraph:
         return 1.0, 1.0
 
     def _allreduce_dense(self, tensors):
-        """The tensors reduced by one Horovod grouped allreduce per dtype: one op and one entry in
-        Horovod's negotiation for the group, where Horovod's own optimizer has one per tensor (on
-        the 82-tensor model of benchmarks/network_worker.py, unshaped, a step took 0.94 to 1.02 of
-        plain Horovod's in four validation runs: BENCHMARKS.md). The group starts once all its
-        tensors are ready."""
+        """The tensors reduced by one Horovod allreduce each, as Horovod's own optimizer sends
+        them: each starts once it is ready, and Horovod's cycle fuses those ready together, so a
+        dense bucket of the plan is a price, not a wait for its last tensor. (With one grouped
+        allreduce per bucket, a plan whose re-plan merged the CNN's 22 tensors into one dense
+        bucket stepped 1.27x plain Horovod's, unshaped at K = 2: BENCHMARKS.md.)"""
         if not tensors:
             return []
         self._count_sent(self._dense_wire_bytes(tensors))
         prescale, postscale = self._dense_factors()
         compression = hvd.Compression.fp16 if isinstance(self.compressor, FP16) else hvd.Compression.none
-        return grouped_by_dtype(hvd.grouped_allreduce, tensors, op=self.op, prescale_factor=prescale,
-                                postscale_factor=postscale, compression=compression, process_set=self.process_set)
+        return [hvd.allreduce(t, op=self.op, prescale_factor=prescale, postscale_factor=postscale,
+                              compression=compression, process_set=self.process_set) for t in tensors]
 
     # -- compressed --------------------------------------------------------------------------------
 
-    def _buckets_with_memory(self, compressed, memory_dense, dense_groups, grads, sources, sizes, dense_results,
-                             flush):
+    def _buckets_with_memory(self, compressed, memory_dense, grads, sources, sizes, dense_results, flush):
         """The reduced flat float32 tensor of each compressed bucket, then of each one-tensor bucket
-        of a dense bucket that goes through memory (`_dense_buckets_with_memory`, sent by one
-        grouped allreduce per `dense_groups` consecutive ones: the plan's dense buckets; their
-        residuals added and cleared only where the bool scalar tensor `flush` is set, never where
-        it is None), with their memory updated (all of it, or none where any reduced gradient is
-        not finite)."""
+        of a dense bucket that goes through memory (`_dense_buckets_with_memory`, one allreduce
+        each; their residuals added and cleared only where the bool scalar tensor `flush` is set,
+        never where it is None), with their memory updated (all of it, or none where any reduced
+        gradient is not finite)."""
         compressor = self.compressor
         buckets = compressed + memory_dense
         # Adam's bias corrections of this step, shared by every tensor.
@@ -407,7 +401,7 @@ class StepGraph:
 
         def send_compressed():
             reduced, updates, finite = self._send_compressed(sparse, compressed) if compressed else ([], [], [])
-            reduced_dense, updates_dense = self._send_dense(dense, kept[len(compressed):], dense_groups) if dense \
+            reduced_dense, updates_dense = self._send_dense(dense, kept[len(compressed):]) if dense \
                 else ([], [])
             return self._with_memory_update(buckets, sources, sizes, reduced + reduced_dense, updates + updates_dense,
                                             dense_results, finite, flushed, only_if)
@@ -705,15 +699,13 @@ class StepGraph:
         values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
         return _Payload((values,), indices, (values, indices) if self.compressor.error_feedback else None)
 
-    def _send_dense(self, accumulated, residual_kept, groups=None):
+    def _send_dense(self, accumulated, residual_kept):
         """Warm-up steps and dense buckets with memory: gradient (or its momentum u, or Adam's
-        direction d), plus the residual where it was added, sent dense by one grouped allreduce per
-        `groups` consecutive buckets (None: one for all); the residual is then empty (or, where
-        `residual_kept` says it was not added, being zero, left alone), and the moments stay as
-        computed (nothing masked: a dense send is momentum SGD, or Adam)."""
-        flats, reduced = [_dense(acc) for acc, _ in accumulated], []
-        for length in groups or [len(flats)]:
-            reduced += self._allreduce_dense(flats[len(reduced):len(reduced) + length])
+        direction d), plus the residual where it was added, sent dense (`_allreduce_dense`); the
+        residual is then empty (or, where `residual_kept` says it was not added, being zero, left
+        alone), and the moments stay as computed (nothing masked: a dense send is momentum SGD, or
+        Adam)."""
+        reduced = self._allreduce_dense([_dense(acc) for acc, _ in accumulated])
         updates = []
         if self.compressor.error_feedback:
             updates = [_MemoryUpdate(None, moments, None, kept) for (_, moments), kept in zip(accumulated, residual_kept)]
