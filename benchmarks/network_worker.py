@@ -234,8 +234,8 @@ def main():
     hvd.init()
     trainers = {}
     chosen = args.configs.split(",") if args.configs else None
+    extra = {name: wrap for name, wrap in EXTRA_CONFIGS.items() if chosen and name in chosen}
     for model_name in args.models.split(","):
-        extra = {name: wrap for name, wrap in EXTRA_CONFIGS.items() if chosen and name in chosen}
         for config, wrap in {**configurations(model_name), **extra}.items():
             if chosen and config not in chosen:
                 continue

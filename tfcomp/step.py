@@ -188,6 +188,7 @@ class StepRuntime:
 
     def __init__(self, trial, timeline, residuals_sent: bool = False):
         with tf.init_scope():
+            # With residuals_sent the flags start, and stay, clear: nothing sets them in an all-dense plan's steps.
             self.flush = {variant: tf.Variable(not residuals_sent, trainable=False, name=f"tfcomp_flush_{variant}")
                           for variant in ("plan", "dense")}
         self.trial = trial
@@ -200,7 +201,7 @@ class StepRuntime:
         any) has decided against the plan or where the plan is all dense."""
         if self.trial is not None:
             return not self.trial.read()["compressed"] and not bool(self.flush["dense"].numpy())
-        return not plan.compressed and (self.residuals_sent or not bool(self.flush["plan"].numpy()))
+        return not plan.compressed and not bool(self.flush["plan"].numpy())
 
 
 class StepGraph:
