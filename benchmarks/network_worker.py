@@ -272,9 +272,12 @@ def main():
 
 
 def predict(results, trainers):
-    """Adds predicted_s (T_comp + predicted exchange) and the plan's figures to every result."""
+    """Adds predicted_s (T_comp + predicted exchange) and the plan's figures to every result of a
+    model whose plan and a compute configuration ran (to nothing else: a diagnostic run of other
+    configurations measures only)."""
     for r in results:
-        if r["config"] in COMPUTE_CONFIGS:
+        ran = {x["config"] for x in results if x["model"] == r["model"]}
+        if r["config"] in COMPUTE_CONFIGS or "plan" not in ran or not ran & set(COMPUTE_CONFIGS):
             continue
         exchange = trainers[r["model"], r["config"]].exchange
         if r["config"] == "per_tensor":  # planning="off" made no calibration: price it with the plan's figures

@@ -1,6 +1,7 @@
-"""The exchange's timeline (tfcomp.timeline.ExchangeTimeline) and the clock it uses
-(tfcomp.counters.stamp, on the op tfcomp.ops.time_after): what a step records, the medians read
-back, the window, argument errors; and the Keras Replan callback's argument check."""
+"""The exchange's timeline (tfcomp.timeline.ExchangeTimeline) and the clocks it uses
+(tfcomp.counters.stamp and stamps, on the op tfcomp.ops.time_after): what a step records, the
+medians read back (gradients not clocked interpolated), the window, argument errors; and the
+Keras Replan callback's argument check."""
 
 import time
 
@@ -9,8 +10,8 @@ import pytest
 import tensorflow as tf
 
 import tfcomp
-from tfcomp.counters import stamp
-from tfcomp.timeline import ExchangeTimeline
+from tfcomp.counters import stamp, stamps
+from tfcomp.timeline import MAX_READY_CLOCKS, ExchangeTimeline, clocked_positions
 
 
 def _chain(x, rounds: int):
@@ -29,7 +30,7 @@ def test_a_gradient_computed_later_is_ready_later_and_a_bucket_ends_after_its_gr
         early = x * 2.0
         late = _chain(early, 30)
         reduced = [early + 1.0, _chain(late, 5)]
-        timeline.record([early, late], [[reduced[0]], [reduced[1]]])
+        timeline.record(stamps([early, late]), stamps(reduced))
         return reduced
 
     for _ in range(6):
@@ -44,6 +45,53 @@ def test_a_gradient_computed_later_is_ready_later_and_a_bucket_ends_after_its_gr
     assert measured["bucket_end_seconds"][0] >= 0.0
     rows = timeline.ready.numpy()
     assert np.all(rows[:, 0] == 0.0) and np.all(rows[:, 1] > 0.0)
+
+
+@pytest.mark.parametrize("gradients", [0, 1, 2, MAX_READY_CLOCKS, MAX_READY_CLOCKS + 1, 82, 1000])
+def test_a_step_clocks_every_gradient_up_to_the_limit_and_then_the_first_last_and_evenly_between(gradients):
+    clocked = clocked_positions(gradients)
+    if gradients <= MAX_READY_CLOCKS:
+        assert clocked == tuple(range(gradients))
+        return
+    assert len(clocked) == MAX_READY_CLOCKS and clocked[0] == 0 and clocked[-1] == gradients - 1
+    gaps = np.diff(clocked)
+    assert np.all(gaps >= 1) and gaps.max() - gaps.min() <= 1
+
+
+def test_clocks_fewer_than_the_first_and_last_gradient_are_refused():
+    with pytest.raises(ValueError, match="most must be >= 2 clocks"):
+        clocked_positions(10, most=1)
+
+
+def test_the_gradients_not_clocked_are_interpolated_by_position(rng):
+    timeline = ExchangeTimeline(gradients=40, buckets=2, window=3)
+    clocked = np.asarray(timeline.clocked)
+    assert len(clocked) == MAX_READY_CLOCKS
+    # A backward pass whose gradients come at uneven times, the first clocked one first; given as numbers.
+    times = 1.7e9 + np.cumsum(rng.uniform(0.001, 0.01, size=40))
+    for _ in range(2):
+        timeline.record(tf.constant(times[clocked]), tf.constant([times[-1] + 0.5, times[-1] + 0.25]))
+    measured = timeline.read()
+    expected = np.interp(np.arange(40), clocked, times[clocked] - times[0])
+    np.testing.assert_allclose(measured["ready_seconds"], expected, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(measured["ready_seconds"][clocked[5]], times[clocked[5]] - times[0], atol=1e-6)
+    np.testing.assert_allclose(measured["bucket_end_seconds"], [times[-1] - times[0] + 0.5, times[-1] - times[0] + 0.25],
+                               atol=1e-6)
+    assert measured["backward_seconds"] == pytest.approx(times[-1] - times[0], abs=1e-6)
+
+
+def test_stamps_are_one_clock_per_tensor():
+    x = tf.ones([4])
+
+    def step(x):
+        return stamps([x, x * 2.0, x + 1.0]), stamps([])
+
+    graph = tf.function(step, autograph=False).get_concrete_function(tf.TensorSpec([4])).graph
+    clocks = [op for op in graph.get_operations() if op.type == "Tfcomp>TimeAfter"]
+    assert [len(op.inputs) for op in clocks] == [1, 1, 1]
+    each, none = tf.function(step, autograph=False)(x)
+    assert each.dtype == tf.float64 and each.shape == [3] and none.shape == [0]
+    assert abs(float(each[0]) - time.time()) < 60.0
 
 
 def test_an_empty_timeline_reads_as_nothing_measured():
@@ -62,8 +110,10 @@ def test_timeline_arguments_are_checked(kwargs, message):
 
 def test_recording_other_counts_than_the_timeline_holds_is_a_value_error():
     timeline = ExchangeTimeline(gradients=2, buckets=1)
-    with pytest.raises(ValueError, match="holds 2 gradients and 1 buckets, got 1 and 1"):
-        timeline.record([tf.ones([3])], [[tf.ones([3])]])
+    with pytest.raises(ValueError, match="clocks 2 gradients and 1 buckets, got 1 and 1 times"):
+        timeline.record(tf.zeros([1], tf.float64), tf.zeros([1], tf.float64))
+    with pytest.raises(ValueError, match="got 2 and 0 times"):
+        timeline.record(tf.zeros([2], tf.float64), tf.zeros([0], tf.float64))
 
 
 def test_stamp_waits_only_for_its_tensors():
