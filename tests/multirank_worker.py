@@ -261,7 +261,9 @@ def check_trial(report):
 
 
 def check_dropped_plan(report):
-    """A plan whose trial drops it: the re-plan after the decision installs the all-dense plan
+    """A plan whose trial drops it: its trial's dense steps send the plan's residuals once, then the
+    gradients as Horovod does (a branch of their own, which reads no variable and has no tf.cond);
+    the re-plan after the decision installs the all-dense plan
     without the trial's branch or the residuals' flush (the trial's first dense step sent every
     residual): its step has no tf.cond, returns what Horovod's own allreduce returns, and leaves
     the residuals at zero. The same for an all-dense plan installed over a compressing plan's
@@ -302,6 +304,15 @@ def check_dropped_plan(report):
         step()
         clock.assign_add(0.4 if call <= 1 else 0.3)
     report["dropped_plan/trial"] = exchange.trial.read()
+    # The trial's step: one switch of three branches (the plan; dense with the plan's residuals; dense as
+    # Horovod sends it) and what each touches: variables (reads, assignments) and tf.conds.
+    graph = entry.eager_step._function.get_concrete_function([tf.TensorSpec([n]) for n in sizes]).graph
+    cases = [op for op in graph.get_operations() if op.type in ("Case", "StatelessCase")]
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    branches = [library[b.name] for b in cases[0].get_attr("branches")] if len(cases) == 1 else []
+    touched = {"ReadVariableOp", "AssignVariableOp", "If", "StatelessIf"}
+    report["dropped_plan/trial_step"] = [len(cases), len(branches)] + [
+        sorted({node.op for node in branch.node_def} & touched) for branch in branches]
     report["dropped_plan/changed"] = exchange.replan()
     entry = exchange._plans[exchange._last_key]
     report["dropped_plan/runtime"] = [entry.runtime.trial is None, entry.runtime.residuals_sent,

@@ -182,6 +182,11 @@ def test_dense_plans_drop_the_flush_of_residuals_they_have_sent(reports):
                                  "dense_ms": pytest.approx(300.0)}] * size
     assert dropped["changed"] == [True] * size
     assert dropped["runtime"] == [[True, True, 0]] * size  # no trial, no residual left: no flush
+    trial_step = dropped["trial_step"]
+    assert [t[:2] for t in trial_step] == [[1, 3]] * size  # one switch: plan, dense with residuals, plain dense
+    assert all("AssignVariableOp" in t[2] for t in trial_step)  # the plan's residuals
+    assert all({"If", "StatelessIf"} & set(t[3]) for t in trial_step)  # the flush of the plan's residuals
+    assert [t[4] for t in trial_step] == [[]] * size  # as Horovod sends them: no variable, no tf.cond
     assert dropped["conds"] == [0] * size
     assert max(dropped["against_horovod"]) < FLOAT_TOLERANCE
     assert dropped["residual_left"] == [0.0] * size

@@ -277,8 +277,9 @@ class StepGraph:
     def __call__(self, plan, grads, sources, runtime: "StepRuntime"):
         """The reduced `grads` (a list of tensors or IndexedSlices) under `plan`. `sources`: what
         each gradient belongs to (variables, or keys of watched tensors), for error feedback;
-        `runtime`: the plan's `create_state`. Under a trial, a tf.cond picks the plan or every
-        bucket dense for this step."""
+        `runtime`: the plan's `create_state`. Under a trial, a tf.switch_case picks the plan, every
+        bucket dense with the residuals the plan's steps left, or (once those are sent) every
+        bucket dense as Horovod sends it."""
         # Each clock waits for its gradient alone: the buckets start as soon as theirs are ready.
         values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
         ready = stamps([values[i] for i in runtime.timeline.clocked])
@@ -287,10 +288,16 @@ class StepGraph:
         else:
             # The trial starts once the warm-up steps (which the plan's branch sends dense) are over.
             after_warmup = self.state.step >= self.compressor.warmup_steps
-            out = tf.cond(tf.cond(after_warmup, lambda: runtime.trial.sends_compressed(self.collectives),
-                                  lambda: tf.constant(True)),
-                          lambda: self._reduce(plan, grads, sources, runtime, "plan"),
-                          lambda: self._reduce(plan.all_dense(), grads, sources, runtime, "dense"))
+            compressed = tf.cond(after_warmup, lambda: runtime.trial.sends_compressed(self.collectives),
+                                 lambda: tf.constant(True))
+            # A dense step sends the residuals the plan's steps left (the first after them, or the first of all
+            # where a restore may have brought some), and every other one sends the gradients as Horovod does: the
+            # trial times that against the plan, not a dense step carrying the residuals' tf.conds (1.10x).
+            index = tf.where(compressed, 0, tf.where(runtime.flush["dense"].read_value(), 1, 2))
+            dense, sizes = plan.all_dense(), [int(g.shape.num_elements() or 0) for g in grads]
+            out = tf.switch_case(index, [lambda: self._reduce(plan, grads, sources, runtime, "plan"),
+                                         lambda: self._reduce(dense, grads, sources, runtime, "dense"),
+                                         lambda: self._reduce_once(dense, grads, sources, sizes, flush=None)])
         self.state.step.assign_add(1)
         outputs = [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o) for o in out]
         bucket_ends = tf.stack([_bucket_end(plan, b, outputs) for b in plan.buckets]) if plan.buckets \
