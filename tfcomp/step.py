@@ -183,13 +183,15 @@ def _bucket_end(plan, bucket, outputs) -> tf.Tensor:
     compressed bucket's come from one decode: a clock on its first. A dense bucket's tensors go one
     allreduce each, which Horovod completes in the order they were ready: a clock on its latest-ready
     gradient's where the plan knows when each is ready, else on its first and last position's (the
-    backward pass computes gradients in the order of their variables or its reverse)."""
+    backward pass computes gradients in the order of their variables or its reverse; one clock
+    where they are the same)."""
     positions = bucket.positions
     if bucket.strategy != "dense":
         return stamp([outputs[positions[0]]])
     if any(plan.ready.values()):
         return stamp([outputs[max(positions, key=lambda p: plan.ready.get(p, 0.0))]])
-    return tf.reduce_max(stamps([outputs[min(positions)], outputs[max(positions)]]))
+    ends = sorted({min(positions), max(positions)})
+    return stamp([outputs[ends[0]]]) if len(ends) == 1 else tf.reduce_max(stamps([outputs[p] for p in ends]))
 
 
 class StepRuntime:

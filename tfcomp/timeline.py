@@ -88,8 +88,8 @@ class ExchangeTimeline:
         if steps == 0:
             return {"steps": 0, "ready_seconds": [], "bucket_end_seconds": [], "backward_seconds": 0.0}
         ready, ends = self.ready.numpy()[:steps], self.ends.numpy()[:steps]
-        clocked = np.median(ready, axis=0) if self.gradients else np.zeros([0])
-        interpolated = np.interp(np.arange(self.gradients), self.clocked, clocked) if self.gradients else []
+        interpolated = np.interp(np.arange(self.gradients), self.clocked, np.median(ready, axis=0)) \
+            if self.gradients else []
         return {"steps": steps, "ready_seconds": [float(t) for t in interpolated],
                 "bucket_end_seconds": [float(t) for t in np.median(ends, axis=0)],
                 "backward_seconds": float(np.median(ready.max(axis=1))) if self.gradients else 0.0}
