@@ -432,19 +432,19 @@ def check_planning(report):
     report["plan/strategies"] = [b.strategy for b in exchange.plan.buckets]
 
     original_measure = tfcomp.calibration._measure
-    original_compression = tfcomp.calibration.measure_compression
+    original_compression = tfcomp.calibration.compression_pieces
     original_networks = tfcomp.calibration._measure_networks
     measured, network_measured = [], []
 
     def counted(*args, **kwargs):
         measured.append(1)
-        return original_compression(*args, **kwargs)
+        return (yield from original_compression(*args, **kwargs))
 
     def counted_networks(*args, **kwargs):
         network_measured.append(1)
-        return original_networks(*args, **kwargs)
+        return (yield from original_networks(*args, **kwargs))
 
-    tfcomp.calibration.measure_compression = counted
+    tfcomp.calibration.compression_pieces = counted
     tfcomp.calibration._measure_networks = counted_networks
     try:  # the second exchange with the same settings reuses rank 0's cached compression figures
         first, second = (tfcomp.GradientExchange(tfcomp.DRAGONN(0.04)) for _ in range(2))
@@ -464,7 +464,7 @@ def check_planning(report):
             tfcomp.calibration.CompressionFigures.of(first.plan.cluster)
             == tfcomp.calibration.CompressionFigures.of(second.plan.cluster))
     finally:
-        tfcomp.calibration.measure_compression = original_compression
+        tfcomp.calibration.compression_pieces = original_compression
         tfcomp.calibration._measure_networks = original_networks
 
     # No cache: the next two exchanges measure their own figures.
@@ -472,7 +472,7 @@ def check_planning(report):
     os.environ[tfcomp.calibration.CACHE_ENV] = "none"
 
     def perturbed(*args, **kwargs):
-        model, figures, measured_now = original_measure(*args, **kwargs)
+        model, figures, measured_now = yield from original_measure(*args, **kwargs)
         if hvd.rank() != 1:
             return model, figures, measured_now
         slow = tfcomp.cost_model.Network(1.0, 1e3)  # 1 s and 1 kB/s
@@ -495,7 +495,7 @@ def check_planning(report):
     network_measurements = []
 
     def slow_spell_first_on_rank_0(*args, **kwargs):
-        model = original_networks(*args, **kwargs)
+        model = yield from original_networks(*args, **kwargs)
         network_measurements.append(1)
         if hvd.rank() == 0 and len(network_measurements) == 1:
             slow = tfcomp.cost_model.Network(1.0, model.allgather.bandwidth)
@@ -670,6 +670,63 @@ def check_replan(report):
     report["spread/Replan callback"] = weights_spread(model)
 
 
+def check_deferred_calibration(report):
+    """Calibration between training steps: the first plan sends everything dense and measures
+    nothing, calibrate_step() runs the rest a piece at a time after each step, every rank finishing
+    at the same step with rank 0's figures and one plan; replan() finishes what is left at once.
+    The Keras Replan callback does the same between fit's steps."""
+    shapes = [(300, 200), (200,), (200, 50), (50,)]
+    variables = [tf.Variable(tf.zeros(s)) for s in shapes]
+    every_rank = [[np.random.default_rng(50 + r).standard_normal(s).astype(np.float32) for s in shapes]
+                  for r in range(hvd.size())]
+    grads = [tf.constant(g) for g in every_rank[hvd.rank()]]
+    mean = [np.mean([g[i] for g in every_rank], axis=0) for i in range(len(shapes))]
+
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.015))  # settings no other check calibrated
+    exchange.defer_calibration()
+    reduced = exchange(grads, variables)
+    report["deferred/first_plan"] = [b.strategy for b in exchange.plan.buckets]
+    report["deferred/first_pending"] = exchange.calibration_pending
+    report["deferred/first_seconds"] = exchange.calibration_seconds
+    report["deferred/first_mean_error"] = max(float(np.max(np.abs(r.numpy() - m))) for r, m in zip(reduced, mean))
+    report["deferred/check_while_pending"] = exchange.check_prediction() is None
+    steps = 0
+    while exchange.calibration_pending:
+        exchange(grads, variables)
+        exchange.calibrate_step(0.2)
+        steps += 1
+    report["deferred/steps"] = steps
+    report["deferred/seconds"] = exchange.calibration_seconds
+    report["deferred/cluster"] = exchange.plan.cluster.to_list()
+    report["deferred/digest"] = str(exchange.plan.digest())
+    report["deferred/calibrate_after_done"] = exchange.calibrate_step(0.2)
+
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.015))  # compression costs cached now
+    exchange.defer_calibration()
+    exchange(grads, variables)
+    exchange.calibrate_step(0.01)
+    report["deferred/replan_pending"] = exchange.calibration_pending
+    exchange.replan()
+    report["deferred/replan_finished"] = not exchange.calibration_pending
+    report["deferred/replan_cluster"] = exchange.plan.cluster.to_list()
+
+    model = make_model()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05, min_elements=256))
+    model.compile(opt, loss="mse")
+    callback = tfcomp.keras.Replan(after_steps=3, check_every=2, calibration_seconds_per_step=0.2)
+    x, y = local_data(64)
+    fits = 0
+    while fits == 0 or tfcomp.exchange_of(opt).calibration_pending:  # the same on every rank (rank 0 decides)
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
+        fits += 1
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
+    report["deferred/callback_calibrated_at"] = callback.calibrated_at
+    report["deferred/callback_replanned"] = callback.replanned
+    report["deferred/callback_digest"] = str(tfcomp.exchange_of(opt).plan.digest())
+    report["spread/Replan callback, calibrated between steps"] = weights_spread(model)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -677,7 +734,8 @@ def main():
     hvd.init()
     report = {"size": hvd.size(), "rank": hvd.rank()}
     for check in (check_exchange_semantics, check_training, check_trial, check_embedding, check_checkpoint,
-                  check_loss_scale_skip, check_planning, check_partitioned, check_replan, check_dropped_plan):
+                  check_loss_scale_skip, check_planning, check_partitioned, check_replan, check_dropped_plan,
+                  check_deferred_calibration):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

@@ -155,6 +155,42 @@ def test_lower_bounds_from_the_smallest_and_largest_probe(rng):
     assert not calibration._lower_bound_figures(times, slow, small, largest).explained
 
 
+def _pieces_and_value(pieces) -> tuple:
+    """(how many pieces the generator yielded, what it returned)."""
+    count = 0
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            return count, done.value
+        count += 1
+
+
+def test_timed_blocks_come_in_pieces_of_first_calls_and_rounds():
+    calls = []
+    first = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    second = {"c": lambda: calls.append("c")}
+    count, times = _pieces_and_value(
+        calibration._without_outlying_block([(first, 2), (second, 3)], barrier=None, warmup=2, blocks=3))
+    assert count == 3 + 3 * (2 + 3)  # a piece per run's untimed calls, then one per round of a set's block
+    assert calls[:6] == ["a", "a", "b", "b", "c", "c"]
+    assert calls[6:10] == ["a", "b", "a", "b"] and calls[10:13] == ["c"] * 3  # a block of each set in turn
+    assert {name: len(t) for name, t in times.items()} == {"a": 4, "b": 4, "c": 6}  # 2 of 3 blocks kept
+
+
+def test_compression_measured_in_pieces_gives_complete_figures():
+    compressor = tfcomp.DRAGONN(0.01)
+    count, figures = _pieces_and_value(calibration.compression_pieces(compressor, 2, 2**16))
+    probes = 8  # 2^12, 2^16, 2^20 (the largest, and the merge probe's total), buckets, many, merged, partitioned, artopk
+    assert count >= 2 * probes + 3 * calibration._SHORT_PROBE_ROUNDS  # each made, called first, then rounds
+    assert figures.complete and figures.encode_decode.c1 > 0.0
+
+
+def test_calibration_pieces_check_their_arguments_before_any_piece():
+    with pytest.raises(ValueError, match="max_elements must be"):
+        calibration.calibration_pieces(tfcomp.DRAGONN(), global_process_set(), 0)
+
+
 @pytest.mark.parametrize("answer", [False, True], ids=["cannot pay: stops", "could pay: measures all"])
 def test_compression_measured_in_two_stages(monkeypatch, answer):
     timed, asked = [], []
@@ -504,8 +540,10 @@ def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, 
     calls = []
 
     def fake_measure(compressor, process_set, max_elements, tensor_elements, cached):
-        """The network always measured; the compression figures measured only without `cached`."""
+        """The network always measured; the compression figures measured only without `cached`
+        (one piece of calibration)."""
         calls.append(cached)
+        yield
         if cached is None:
             return measured, calibration.CompressionFigures.of(measured), True
         return cached.apply(measured), cached, False

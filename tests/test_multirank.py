@@ -50,7 +50,7 @@ def test_weights_identical_on_all_ranks(reports):
                 "hvd.Compression.none", "hvd.Compression.fp16", "eager", "legacy_optimizer", "embedding",
                 "backward_passes_per_step=2", "DGC+momentum", "DRAGONN+warmup", "gradient_predivide_factor=2",
                 "op=Sum", "embedding sparse_as_dense", "DRAGONN auto plan, tried", "replanned",
-                "Replan callback", "prediction checked"}
+                "Replan callback", "prediction checked", "Replan callback, calibrated between steps"}
     assert expected <= set(spreads)
     assert {name: s for name, s in spreads.items() if max(s) != EXACT} == {}
 
@@ -249,3 +249,21 @@ def test_different_plans_raise_on_every_rank(reports):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_calibration_between_steps_starts_dense_and_finishes_alike_on_every_rank(reports):
+    for r in reports:
+        # The first step measured nothing and sent everything dense: the mean of the ranks' gradients.
+        assert r["deferred/first_plan"] == ["dense"] and r["deferred/first_pending"] is True
+        assert r["deferred/first_seconds"] == 0.0 and r["deferred/check_while_pending"] is True
+        assert r["deferred/first_mean_error"] < FLOAT_TOLERANCE
+        # Spread over several steps (a fresh calibration takes far more than one step's 0.2 s).
+        assert r["deferred/steps"] >= 2 and r["deferred/seconds"] > 0.2
+        assert r["deferred/calibrate_after_done"] is False
+        assert ClusterModel.from_list(r["deferred/cluster"]).encode_decode.c1 > 0.0  # compression measured
+        assert r["deferred/replan_pending"] is True and r["deferred/replan_finished"] is True
+        assert r["deferred/callback_calibrated_at"] >= 2
+    for key in ("steps", "cluster", "digest", "replan_cluster", "callback_calibrated_at", "callback_replanned",
+                "callback_digest"):
+        assert len({json.dumps(r[f"deferred/{key}"]) for r in reports}) == 1, key
+

@@ -160,3 +160,9 @@ def test_time_after_needs_a_tensor_to_wait_for():
 def test_replan_callback_checks_after_steps(after_steps):
     with pytest.raises(ValueError, match="after_steps must be an integer >= 1"):
         tfcomp.keras.Replan(after_steps=after_steps)
+
+
+@pytest.mark.parametrize("seconds", [0, -0.5, float("inf"), float("nan"), True, "0.5"])
+def test_replan_callback_checks_calibration_seconds_per_step(seconds):
+    with pytest.raises(ValueError, match="calibration_seconds_per_step must be finite seconds > 0 or None"):
+        tfcomp.keras.Replan(calibration_seconds_per_step=seconds)

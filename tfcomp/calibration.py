@@ -72,8 +72,8 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planning import Bucket, Plan, all_dense_time, make_plan, predicted_exchange_time
 from tfcomp.step import StepGraph
 
-__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "cost_settings",
-           "cpu_allocator", "measure_compression", "store_ready_times"]
+__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "calibration_pieces",
+           "compression_pieces", "cost_settings", "cpu_allocator", "finish", "measure_compression", "store_ready_times"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
@@ -106,17 +106,15 @@ _MEASUREMENT_ATTEMPTS = 2  # network and compression measured again once when th
 _CLEAR_GAIN = 1.5
 
 
-def _interleaved_times(runs: dict, rounds: int, barrier=None, warmup: int = 1) -> dict:
-    """{name: float64 [rounds] seconds} of the callables in `runs`, timed round-robin for `rounds`
-    rounds after `warmup` untimed ones, so that a shared machine's drifts touch them alike (and a
-    difference of two runs is best taken round by round). With `barrier` (a collective), every
-    timed call starts right after it: in training, each step's exchange starts with the workers
-    just synchronised by the previous step's collectives, and a timing of back-to-back calls (which
+def _interleaved_times(runs: dict, rounds: int, barrier=None):
+    """A generator that times the callables in `runs` round-robin for `rounds` rounds, so that a
+    shared machine's drifts touch them alike (and a difference of two runs is best taken round by
+    round), yielding after each round (a piece of calibration that may run between two training
+    steps); it returns {name: float64 [rounds] seconds}. With `barrier` (a collective), every timed
+    call starts right after it: in training, each step's exchange starts with the workers just
+    synchronised by the previous step's collectives, and a timing of back-to-back calls (which
     pipeline in Horovod's cycle) would miss the wait for the next cycle. Every rank must pass the
     same runs and rounds (they run collectives)."""
-    for _ in range(warmup):
-        for run in runs.values():
-            run()
     times = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
@@ -125,22 +123,42 @@ def _interleaved_times(runs: dict, rounds: int, barrier=None, warmup: int = 1) -
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
+        yield
     return {name: np.asarray(values) for name, values in times.items()}
 
 
-def _without_outlying_block(sets, barrier, warmup: int = 1, blocks: int = 3) -> dict:
-    """{name: seconds [rounds]} of every set of runs [(runs, rounds)]: each set timed in `blocks`
-    blocks of `rounds` rounds (`_interleaved_times`, `warmup` untimed rounds before the first), the
-    sets' blocks alternating, and the rounds of each set's blocks pooled less one: the fastest or
-    the slowest block by sum of medians, whichever lies further from the middle one. A shared
-    machine has spells of a second or so in which everything runs slower (another tenant; on a VM,
-    the host taking the CPU): such a spell spoils one block, not the figures."""
-    timed = [[_interleaved_times(runs, rounds=rounds, barrier=barrier, warmup=warmup if block == 0 else 0)
-              for runs, rounds in sets] for block in range(blocks)]
+def _without_outlying_block(sets, barrier, warmup: int = 1, blocks: int = 3):
+    """A generator that returns {name: seconds [rounds]} of every set of runs [(runs, rounds)]:
+    each run called `warmup` times untimed (its first call traces its graph; a piece each), then
+    each set timed in `blocks` blocks of `rounds` rounds (`_interleaved_times`), the sets' blocks
+    alternating, and the rounds of each set's blocks pooled less one: the fastest or the slowest
+    block by sum of medians, whichever lies further from the middle one. A shared machine has
+    spells of a second or so in which everything runs slower (another tenant; on a VM, the host
+    taking the CPU): such a spell spoils one block, not the figures."""
+    for runs, _ in sets:
+        for run in runs.values():
+            for _ in range(warmup):
+                run()
+            yield
+    timed = []
+    for _ in range(blocks):
+        timed.append([])
+        for runs, rounds in sets:
+            timed[-1].append((yield from _interleaved_times(runs, rounds=rounds, barrier=barrier)))
     times = {}
     for per_block in zip(*timed):
         times.update(_pool_without_outlier(per_block))
     return times
+
+
+def finish(pieces):
+    """Runs a generator of calibration pieces (`calibration_pieces`, or any of this module's
+    generators) to its end, at once, and returns what it returns."""
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            return done.value
 
 
 def _pool_without_outlier(per_block) -> dict:
@@ -210,8 +228,9 @@ def _largest_compression_probe(max_elements: int) -> int:
     return min(max(max_elements, _MIN_LARGEST_PROBE), _ENCODE_SIZES[-1])
 
 
-def _measure_networks(process_set, elements: int) -> ClusterModel:
-    """The figures of the collectives for this process set (no compression figures), timed as
+def _measure_networks(process_set, elements: int):
+    """A generator of calibration pieces that returns the `ClusterModel` of the collectives for
+    this process set (no compression figures), timed as
     training runs them (in a graph, the workers synchronised just before): latency from one float32,
     bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 4 MiB, as 4 tensors
     that Horovod fuses) for the allreduce and an eighth of that for the allgather, whose payloads
@@ -247,7 +266,7 @@ def _measure_networks(process_set, elements: int) -> ClusterModel:
         "tiny_allgather": tiny_allgather,
     }
     large_rounds = min(5, max(2, _LARGE_ROUNDS_ELEMENTS // ar_elements // 3))
-    t = _without_outlying_block([(small, 5), (large, large_rounds)], barrier, warmup=3)
+    t = yield from _without_outlying_block([(small, 5), (large, large_rounds)], barrier, warmup=3)
     per_tensor = max(np.median(t["tensors"] - t["allreduce"]), 0.0) / (_BOOKKEEPING_TENSORS - 1)
     # Transfer times, each large collective against the tiny one of its round; the cost model adds
     # per_tensor for every tensor of a dense bucket, so it comes out of the allreduce's figures.
@@ -368,8 +387,17 @@ def _lower_bound_figures(times: dict, communication: dict, small: int, largest: 
 
 def measure_compression(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
                         collectives=None, tensor_elements=(), could_pay=None) -> CompressionFigures:
-    """The work of compressed buckets in the exchange itself (accumulate, encode, local decode,
-    residual, collective, decode of all payloads), each probe one graph call, the probes interleaved.
+    """`compression_pieces` run at once: the `CompressionFigures` it returns."""
+    return finish(compression_pieces(compressor, num_workers, max_elements, network, collectives, tensor_elements,
+                                     could_pay))
+
+
+def compression_pieces(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
+                       collectives=None, tensor_elements=(), could_pay=None):
+    """A generator of calibration pieces (one probe made, one probe's first call, or one round of
+    timed calls) that returns the `CompressionFigures` of the work of compressed buckets in the
+    exchange itself (accumulate, encode, local decode, residual, collective, decode of all
+    payloads), each probe one graph call, the probes interleaved.
     With `collectives` (Horovod's, on every rank at once) and the calibrated `network`, a step's
     real collective runs (after a barrier, as in training) and the cost model's communication time
     is subtracted, so the figures include what training sees (both workers computing at once,
@@ -406,10 +434,13 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
     plans = {**{n: [[n]] for n in sizes}, "buckets": [[small]] * _BUCKETS_PROBE_BUCKETS,
              "many": [[_PER_TENSOR_PROBE_ELEMENTS // _PER_TENSOR_PROBE_TENSORS] * _PER_TENSOR_PROBE_TENSORS],
              "merged": [list(merged)]}
-    probes = {name: _exchange_probe(compressor, network, collectives, buckets) for name, buckets in plans.items()}
     for strategy in _OTHER_STRATEGY_PROBES if "partitioned" in available_strategies(compressor) else ():
         plans[strategy] = [[largest]]
-        probes[strategy] = _exchange_probe(compressor, network, collectives, plans[strategy], strategy)
+    probes = {}
+    for name, buckets in plans.items():
+        probes[name] = _exchange_probe(compressor, network, collectives, buckets,
+                                       name if name in _OTHER_STRATEGY_PROBES else None)
+        yield
     barrier = _barrier(collectives.process_set) if isinstance(collectives, HorovodCollectives) else None
     # Short calls are noisy and cheap, long ones steadier and costly: each set its own rounds (the
     # differences taken below are of probes in the same set, paired round by round).
@@ -421,14 +452,14 @@ def measure_compression(compressor, num_workers: int, max_elements: int, network
             chosen = {name: probes[name][0] for name in names
                       if (sum(map(sum, plans[name])) >= _MIN_LARGEST_PROBE) == long_calls}
             sets += [(chosen, rounds)] if chosen else []
-        return _without_outlying_block(sets, barrier)
+        return (yield from _without_outlying_block(sets, barrier))
 
     if could_pay is not None:
-        lower = _lower_bound_figures(timed([small, largest]), {n: probes[n][1] for n in (small, largest)},
+        lower = _lower_bound_figures((yield from timed([small, largest])), {n: probes[n][1] for n in (small, largest)},
                                      small, largest)
         if not could_pay(lower):
             return lower
-    times = timed(list(probes))
+    times = yield from timed(list(probes))
     slots = compressor.payload_length(largest) if hasattr(compressor, "payload_length") else largest
     figures = _compression_figures({name: times[name] - communication for name, (_, communication) in probes.items()},
                                    sizes, largest, merged, explained=True, slots=slots)
@@ -645,9 +676,9 @@ def store_ready_times(process_set, tensor_elements, ready_seconds) -> None:
         _rewrite_cache(path, "ready_times", _ready_key(process_set, tensor_elements), {"seconds": seconds})
 
 
-def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cached=None) -> tuple:
-    """(this rank's figures, the CompressionFigures in them, whether those were measured now):
-    every rank runs the same collectives in the same order. The networks are always measured (a
+def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cached=None):
+    """A generator of calibration pieces that returns (this rank's figures, the CompressionFigures
+    in them, whether those were measured now): every rank runs the same collectives in the same order. The networks are always measured (a
     link's rate can change from job to job on the same hosts); the compression costs are taken
     from `cached` (rank 0's CompressionFigures from the cache; a placeholder on the other ranks,
     whose figures rank 0's replace) where it is complete, or where its lower bounds already make
@@ -660,11 +691,11 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
     below `_CLEAR_GAIN`: the plan they make goes to the trial, which is a truer test of a small
     gain than more probes."""
     if available_strategies(compressor) == ("dense",):
-        return _measure_networks(process_set, max_elements), None, False
+        return (yield from _measure_networks(process_set, max_elements)), None, False
     collectives = HorovodCollectives(process_set)
     tensors = [(i, f"gradient_{i}", int(n)) for i, n in enumerate(tensor_elements or [max_elements])]
     for attempt in range(_MEASUREMENT_ATTEMPTS):
-        network = _measure_networks(process_set, max_elements)
+        network = yield from _measure_networks(process_set, max_elements)
 
         def could_pay(lower: CompressionFigures) -> bool:
             """Rank 0's answer, on every rank: whether measuring the rest could change the plan: the
@@ -680,8 +711,8 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
         if cached is not None and (cached.complete or not could_pay(cached)):
             return cached.apply(network), cached, False
         cached = None  # lower bounds that no longer rule compression out: measured below
-        figures = measure_compression(compressor, process_set.size(), max_elements, network, collectives,
-                                      tensor_elements, could_pay)
+        figures = yield from compression_pieces(compressor, process_set.size(), max_elements, network, collectives,
+                                                tensor_elements, could_pay)
         if not figures.complete:
             if process_set.rank() == 0:
                 logging.info("tfcomp: calibration: compression cannot pay clearly on this network even at its least "
@@ -700,9 +731,20 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
 
 def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23,
               tensor_elements=()) -> ClusterModel:
-    """The cluster's figures, rank 0's on every rank, for gradients of `max_elements` float32 in
-    tensors of `tensor_elements` (ints in backprop order; empty: unknown). Runs eagerly; every rank
-    of `process_set` must call it at the same point (the exchange does, on its first step).
+    """`calibration_pieces` run at once (as the exchange's first step does, unless calibration was
+    deferred to run between training steps): the cluster's `ClusterModel`, rank 0's on every rank."""
+    return finish(calibration_pieces(compressor, process_set, max_elements, tensor_elements))
+
+
+def calibration_pieces(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23,
+                       tensor_elements=()):
+    """A generator that calibrates the cluster for gradients of `max_elements` float32 in tensors
+    of `tensor_elements` (ints in backprop order; empty: unknown), one piece per `next()` (a probe
+    graph made or called for the first time, or one round of timed calls: at most about a second
+    on 4 workers of this machine at 1 Gbit/s), and returns the cluster's `ClusterModel`, rank 0's
+    figures on every rank. Runs eagerly; every rank of `process_set` must advance it at the same
+    points (the pieces run collectives): at once (`calibrate`), or between training steps
+    (`tfcomp.planner.Planner.calibrate_some`). ValueError for a bad size.
 
     The networks are measured every time; the compression costs, which depend on the hosts and
     the compressor but not on the network, come from rank 0's cache where it has them (`CACHE_ENV`),
@@ -711,22 +753,37 @@ def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int 
         raise ValueError(f"max_elements must be a number of float32 elements >= 1, got {max_elements}")
     if any(n < 0 for n in tensor_elements):
         raise ValueError(f"tensor_elements must be element counts >= 0, got {list(tensor_elements)}")
+    return _calibration(compressor, process_set, max_elements, tuple(tensor_elements))
+
+
+def _calibration(compressor, process_set, max_elements: int, tensor_elements: tuple):
+    """The generator of `calibration_pieces`, its arguments checked."""
     workers = process_set.size()
     if workers == 1:
         return ClusterModel.unpriced(1)
-    started = time.perf_counter()
     path, key = _cache_path(), cache_key(compressor, process_set, max_elements, tensor_elements)
     entry = _read_cache(path, key, workers) if path and process_set.rank() == 0 else None
     # Rank 0's cached compression figures: 0 none, 1 lower bounds, 2 complete (a placeholder elsewhere).
     found, cached = _rank0_value(0.0 if entry is None else 1.0 + float(entry[1]), process_set), None
     if found:
         cached = CompressionFigures.of(entry[0] if entry is not None else ClusterModel.unpriced(workers), found == 2.0)
-    model, figures, measured = _measure(compressor, process_set, max_elements, tensor_elements, cached)
+    busy, resumed = 0.0, time.perf_counter()
+    measuring = _measure(compressor, process_set, max_elements, tensor_elements, cached)
+    while True:
+        try:
+            next(measuring)
+        except StopIteration as done:
+            model, figures, measured = done.value
+            break
+        busy += time.perf_counter() - resumed
+        yield
+        resumed = time.perf_counter()
     if measured and figures.explained and path and process_set.rank() == 0:
         _write_cache(path, key, model, figures.complete)
     shared = hvd.broadcast(tf.constant(model.to_list(), tf.float64), 0, process_set=process_set,
                            name="tfcomp_calibration_figures").numpy()
     if process_set.rank() == 0:
         source = "measured" if measured else ("cached" if figures is not None else "not needed (dense only)")
-        logging.info("tfcomp: calibration took %.1f s (compression costs %s)", time.perf_counter() - started, source)
+        logging.info("tfcomp: calibration took %.1f s (compression costs %s)",
+                     busy + time.perf_counter() - resumed, source)
     return ClusterModel.from_list(np.asarray(shared, dtype=np.float64))

@@ -39,7 +39,7 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph, wire_bytes
 
-__all__ = ["COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "REPLAN_MIN_GAIN", "GradientExchange", "TensorRecord",
+__all__ = ["CALIBRATION_SECONDS_PER_STEP", "COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "REPLAN_MIN_GAIN", "GradientExchange", "TensorRecord",
            "check_predivide_factor", "check_tf2_mode", "exchange_of"]
 
 COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
@@ -47,6 +47,7 @@ REPLAN_MIN_GAIN = 0.05  # a new plan replaces the running one only where predict
 # running exchange's part after the backward pass: installing it costs a new trace of the training step and a new
 # trial (about a minute for the ViT on 4 workers sharing 2 cores)
 DEPARTURE_THRESHOLD = 0.25  # check_prediction re-plans where the measured exchange departs by more
+CALIBRATION_SECONDS_PER_STEP = 0.5  # what calibrate_step adds to a step, about (rank 0's clock)
 
 
 def check_tf2_mode() -> None:
@@ -228,6 +229,47 @@ class GradientExchange(tf.Module):
         of them ready after the backward pass."""
         return self._planner.ready_cached
 
+    @property
+    def calibration_pending(self) -> bool:
+        """Whether calibration deferred by `defer_calibration` has pieces left to run."""
+        return self._planner.calibration_pending
+
+    def defer_calibration(self) -> None:
+        """Calibrates between training steps instead of on the first: call it before the first step
+        (later it does nothing). The first plan then sends every gradient dense, as Horovod does,
+        and measures nothing, and each `calibrate_step()` call after a step runs the next pieces
+        of the calibration; when they are done the exchange is planned with its figures (and the
+        ready times measured meanwhile). `tfcomp.keras.Replan` does both. With one worker or
+        planning="off" there is nothing to calibrate."""
+        self._planner.defer_calibration()
+
+    def calibrate_step(self, seconds: float = CALIBRATION_SECONDS_PER_STEP) -> bool:
+        """Runs pieces of the deferred calibration (`defer_calibration`) for about `seconds` (> 0;
+        rank 0's clock decides for every rank, and a piece once started runs to its end: a probe's
+        first call, or one round of timed calls), then, where that finished it, plans again as
+        `replan` does: with the figures measured, and the gradients' ready times of the steps run
+        meanwhile. Returns whether the plan changed (trace the training step again; the new plan
+        is tried in training where it compresses). Call it eagerly between training steps, on
+        every rank at the same step; False (nothing done) where nothing is pending."""
+        if not seconds > 0.0:
+            raise ValueError(f"seconds must be a time > 0 to calibrate for, got {seconds!r}")
+        entry = self._plans.get(self._last_key)
+        if entry is None or not self._planner.calibration_pending:
+            return False
+        with tf.init_scope():
+            done = self._planner.calibrate_some(seconds)
+        if not done:
+            return False
+        measured = entry.runtime.timeline.read()
+        ready = self._latest_over_ranks(entry, measured)[0] if measured["steps"] else None
+        if ready is not None:
+            self._planner.keep_ready_times(entry.tensors, ready)
+        changed = self._plan_again(entry, ready)
+        if self._collectives.rank == 0:
+            logging.info("tfcomp: calibrated between steps in %.1f s; %s\n%s", self.calibration_seconds,
+                         "a new plan" if changed else "the plan stays", self.plan.table())
+        return changed
+
     def serve_keras_optimizer(self, optimizer) -> None:
         """Records the Keras optimizer (`tf.keras.optimizers.Optimizer`) whose gradients this
         exchange reduces (the Horovod glue does, for `hvd.DistributedOptimizer`): at the first call
@@ -310,7 +352,10 @@ class GradientExchange(tf.Module):
             plan = self._fixed_plan if self._fixed_plan is not None else self._planner.plan(tensors, signature)
         entry = self._install(cache_key, plan, tensors, signature, specs, keys)
         self._take_restored_state()
-        if self._collectives.rank == 0 and self._collectives.size > 1 and self.compressor.planning == "auto" and tensors:
+        if self._collectives.rank == 0 and self.calibration_pending:
+            logging.info("tfcomp: calibration deferred to run between training steps; until it is done every gradient "
+                         "is sent dense")
+        elif self._collectives.rank == 0 and self._collectives.size > 1 and self.compressor.planning == "auto" and tensors:
             logging.info("tfcomp: calibrated in %.1f s%s\n%s", self.calibration_seconds,
                          "; the gradients' ready times from an earlier job" if self._planner.ready_cached else "",
                          plan.table())
@@ -381,8 +426,9 @@ class GradientExchange(tf.Module):
         plan compressing and tried again: 176 s of training against plain Horovod's 133).
 
         Call it eagerly, on every rank at the same step (`tfcomp.keras.Replan` does). Returns None
-        where there is nothing to check yet (no plan made by the planner, one worker, the plan's
-        trial undecided or the timeline's window not yet full since the plan was installed), else
+        where there is nothing to check yet (no plan made by the planner, one worker, a deferred
+        calibration still running, the plan's trial undecided or the timeline's window not yet
+        full since the plan was installed), else
         {"predicted_seconds", "measured_seconds", "departure" (measured / predicted - 1),
         "replanned" (whether the figures were fitted again), "changed" (whether the plan's buckets
         did, or its all-dense plan was installed again without a flush of residuals it has sent
@@ -391,7 +437,7 @@ class GradientExchange(tf.Module):
         if not threshold > 0.0:
             raise ValueError(f"threshold must be a fraction > 0 of the predicted exchange time, got {threshold!r}")
         entry = self._replannable()
-        if entry is None:
+        if entry is None or self.calibration_pending:
             return None
         timeline, trial = entry.runtime.timeline, entry.runtime.trial
         # The window's steps must all run what the check prices: after the trial's decision.

@@ -5,11 +5,14 @@
                               tf.keras.callbacks.CSVLogger("train.csv"),
                               tf.keras.callbacks.TensorBoard("logs")])
 
-`Replan(after_steps=30)` makes the exchange's plan again once, with when each gradient became ready
-in those steps (`GradientExchange.replan`), so that dense buckets are priced with their overlap
-of the backward pass, then every 20 steps compares the exchange's measured end with the prediction
-and re-plans where they part by more than 25 % (`GradientExchange.check_prediction`), and has Keras
-trace the training step again wherever the plan changed.
+`Replan(after_steps=30)` has the exchange calibrate between training steps, about half a second
+after each (`GradientExchange.defer_calibration`: the first steps send everything dense, as Horovod
+does, and the first step waits for no calibration), then plan with those figures; 30 steps later
+it makes the exchange's plan again, with when each gradient became ready in those steps
+(`GradientExchange.replan`), so that dense buckets are priced with their overlap of the backward
+pass, then every 20 steps compares the exchange's measured end with the prediction and re-plans
+where they part by more than 25 % (`GradientExchange.check_prediction`), and has Keras trace the
+training step again wherever the plan changed.
 
 `CompressionMonitor` adds, at the end of every epoch, these entries to the epoch's `logs` (so the
 progress bar, and the callbacks after it in the list, such as `CSVLogger` and `TensorBoard`, show
@@ -42,7 +45,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp.exchange import DEPARTURE_THRESHOLD, exchange_of
+from tfcomp.exchange import CALIBRATION_SECONDS_PER_STEP, DEPARTURE_THRESHOLD, exchange_of
 
 __all__ = ["CompressionMonitor", "Replan"]
 
@@ -122,18 +125,23 @@ class CompressionMonitor(tf.keras.callbacks.Callback):
 
 
 class Replan(tf.keras.callbacks.Callback):
-    """Re-plans the tfcomp exchange with what training measures, on every rank at the same step
-    (steps counted over every `fit` call), and rebuilds Keras's training function wherever the plan
-    changed so that the next step runs it:
+    """Calibrates and re-plans the tfcomp exchange with what training measures, on every rank at
+    the same step (steps counted over every `fit` call), and rebuilds Keras's training function
+    wherever the plan changed so that the next step runs it:
 
-      * once, after `after_steps` steps, with the gradients' ready times measured in them
+      * where `calibration_seconds_per_step` is set and the exchange has not planned yet (the
+        callback's first `fit`), calibration runs between the training steps, about that long after
+        each (`GradientExchange.defer_calibration` and `calibrate_step`), the first plan sending
+        everything dense meanwhile; once it is done, the exchange is planned with its figures;
+      * once, `after_steps` steps after that, with the gradients' ready times measured in them
         (`GradientExchange.replan`), so that dense buckets are priced with their overlap of the
         backward pass;
       * then every `check_every` steps, where the exchange's measured end departs from the
         prediction by more than `threshold` (`GradientExchange.check_prediction`: the overlap
         slowdown fitted, or the cluster calibrated again), at most `max_replans` times.
 
-    `replanned`: None until `after_steps`, then whether that re-plan changed the plan; `checks`:
+    `calibrated_at`: the step (counted from 1) after which the deferred calibration finished (None:
+    none finished); `replanned`: None until `after_steps`, then whether that re-plan changed the plan; `checks`:
     each `check_prediction` result that was not None, in order. Does nothing for an optimizer that
     runs no tfcomp exchange.
 
@@ -143,11 +151,18 @@ class Replan(tf.keras.callbacks.Callback):
       check_every: steps between checks of the prediction (>= 1), or None: no checks.
       threshold: the departure (a fraction of the prediction, > 0) that re-plans.
       max_replans: at most this many re-plans by the checks (>= 0).
+      calibration_seconds_per_step: about how long (seconds > 0, rank 0's clock) the deferred
+        calibration runs after each step; None: the exchange calibrates all at once on its first step.
     """
 
     def __init__(self, after_steps: int = 30, check_every=20, threshold: float = DEPARTURE_THRESHOLD,
-                 max_replans: int = 3):
+                 max_replans: int = 3, calibration_seconds_per_step=CALIBRATION_SECONDS_PER_STEP):
         super().__init__()
+        if calibration_seconds_per_step is not None and (
+                isinstance(calibration_seconds_per_step, bool) or not isinstance(calibration_seconds_per_step, (int, float))
+                or not 0.0 < calibration_seconds_per_step < float("inf")):
+            raise ValueError(f"calibration_seconds_per_step must be finite seconds > 0 or None, got "
+                             f"{calibration_seconds_per_step!r}")
         for name, value, least in (("after_steps", after_steps, 1), ("max_replans", max_replans, 0)) + (
                 (("check_every", check_every, 1),) if check_every is not None else ()):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -158,20 +173,39 @@ class Replan(tf.keras.callbacks.Callback):
         self.check_every = check_every
         self.threshold = float(threshold)
         self.max_replans = max_replans
+        self.calibration_seconds_per_step = calibration_seconds_per_step
+        self.calibrated_at = None
         self.replanned = None
         self.checks = []
-        self._steps = 0
+        self._steps = 0  # steps since the deferred calibration finished (all steps where none ran)
+        self._calibrating_steps = 0
+
+    def _exchange(self):
+        try:
+            return exchange_of(self.model.optimizer)
+        except TypeError:
+            return None
+
+    def on_train_begin(self, logs=None):
+        exchange = self._exchange()
+        if exchange is not None and self.calibration_seconds_per_step is not None and exchange.plan is None:
+            exchange.defer_calibration()
 
     def on_train_batch_end(self, batch, logs=None):
+        exchange = self._exchange()
+        if exchange is not None and exchange.calibration_pending:
+            self._calibrating_steps += 1
+            changed = exchange.calibrate_step(self.calibration_seconds_per_step)
+            if not exchange.calibration_pending:
+                self.calibrated_at = self._calibrating_steps
+            if changed:
+                self.model.make_train_function(force=True)
+            return
         self._steps += 1
         since = self._steps - self.after_steps
         checking = (self.check_every is not None and since > 0 and since % self.check_every == 0
                     and sum(c["replanned"] for c in self.checks) < self.max_replans)
-        if since != 0 and not checking:
-            return
-        try:
-            exchange = exchange_of(self.model.optimizer)
-        except TypeError:
+        if since != 0 and not checking or exchange is None:
             return
         if since == 0:
             self.replanned = changed = exchange.replan()

@@ -9,7 +9,9 @@ point (the exchange calls it the first time it sees a list of gradients), and re
      difference raises `PlanMismatchError` on every rank, naming the rank and what differs, before
      any calibration or exchange collective that could wait forever for a rank doing otherwise;
   2. calibration (`tfcomp.calibration`, cached) and the bucket search (`tfcomp.planning`), or one
-     bucket per tensor with planning="off";
+     bucket per tensor with planning="off". Where calibration is deferred (`defer_calibration`),
+     the first plan sends everything dense and measures nothing; `calibrate_some` then runs the
+     calibration a few pieces at a time between training steps, and later plans use its figures;
   3. the plan's digest compared across ranks (`PlanMismatchError` on every rank if any differs).
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import time
 
 from tfcomp import calibration, planning
-from tfcomp.collectives import allgather_integers
+from tfcomp.collectives import allgather_integers, broadcast_floats
 from tfcomp.cost_model import ClusterModel
 from tfcomp.planning import PlanMismatchError, digest
 
@@ -51,6 +53,43 @@ class Planner:
         self.cluster = None
         self.calibration_seconds = 0.0  # how long calibration took, all of it in this job (0: none)
         self.ready_cached = False  # whether the first plan took the gradients' ready times from the cache
+        self.deferred = False  # whether the first plan leaves calibration to run between training steps
+        self._pieces = None  # that calibration, while it runs (a calibration.calibration_pieces generator)
+
+    def defer_calibration(self) -> None:
+        """Has the first plan send everything dense without calibrating; `calibrate_some` then
+        calibrates between training steps. Nothing where a plan was made already."""
+        self.deferred = True
+
+    @property
+    def calibration_pending(self) -> bool:
+        """Whether a deferred calibration has pieces left to run."""
+        return self._pieces is not None
+
+    def calibrate_some(self, seconds: float) -> bool:
+        """Runs pieces of the deferred calibration (eagerly, on every rank at the same point: each
+        runs collectives) until rank 0 has spent `seconds` in this call (rank 0 decides for every
+        rank after each piece: one broadcast) or it is done. Returns True once it is done (its
+        figures in `cluster`; True also where nothing is pending)."""
+        if self._pieces is None:
+            return True
+        start = time.perf_counter()
+        try:
+            while True:
+                next(self._pieces)
+                spent = time.perf_counter() - start >= seconds
+                if broadcast_floats([float(spent)], self.process_set, "tfcomp_calibration_piece")[0] == 1.0:
+                    return False
+        except StopIteration as done:
+            self.cluster, self._pieces = done.value, None
+            return True
+        finally:
+            self.calibration_seconds += time.perf_counter() - start
+
+    def _finish_calibration(self) -> None:
+        """Runs what is left of a deferred calibration at once."""
+        while not self.calibrate_some(float("inf")):
+            pass
 
     def plan(self, tensors, signature, ready_seconds=None) -> planning.Plan:
         """The plan for `tensors` = [(position, name, elements)] in backprop order (the gradients
@@ -58,12 +97,19 @@ class Planner:
         gradient of the exchange's list, in its order. `ready_seconds`: when each of `tensors` is
         ready (`tfcomp.planning.make_plan`), the same on every rank; None: those an earlier job of
         the same model measured on these hosts (`calibration.cached_ready_times`) for the first
-        plan, else all after the backward pass."""
+        plan, else all after the backward pass. A deferred calibration still pending is finished
+        first, at once."""
         workers = self.process_set.size()
         if workers > 1:
             self._check_agreement(signature)
+        self._finish_calibration()
         if self.compressor.planning == "off" or not tensors:
             plan = planning.per_tensor_plan(tensors, self.compressor, ClusterModel.unpriced(workers))
+        elif self.cluster is None and self.deferred and workers > 1:
+            self._pieces = calibration.calibration_pieces(self.compressor, self.process_set,
+                                                          max_elements=sum(n for _, _, n in tensors),
+                                                          tensor_elements=[n for _, _, n in tensors])
+            plan = planning.dense_plan(tensors, self.compressor, ClusterModel.unpriced(workers))
         else:
             if self.cluster is None:
                 self.recalibrate(tensors)

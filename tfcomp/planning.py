@@ -17,7 +17,8 @@ the backward pass ends, and plans are priced by when their exchange ends; how mu
 runs while the backward pass computes beside it is fitted to a measured exchange by
 `fit_overlap_slowdown`.
 
-`per_tensor_plan` is the plan with planning="off": one bucket per tensor. `predicted_exchange_time`
+`per_tensor_plan` is the plan with planning="off": one bucket per tensor; `dense_plan` the plan
+of an exchange whose calibration runs between its first training steps: everything dense. `predicted_exchange_time`
 prices a plan as the exchange runs it (one grouped collective per compressed strategy, dense
 allreduces in the order they are ready, fused where they are ready together); the search uses it too.
 `tfcomp.planner` compares plans across ranks; `PlanMismatchError` is what it raises on every rank.
@@ -32,8 +33,8 @@ import math
 
 from tfcomp import cost_model as cm
 
-__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain", "digest", "fit_overlap_slowdown",
-           "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
+__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain", "dense_plan", "digest",
+           "fit_overlap_slowdown", "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
@@ -311,6 +312,15 @@ def _merge_neighbours(plan: Plan) -> Plan:
                 continue
         merged.append(b)
     return dataclasses.replace(plan, buckets=tuple(merged))
+
+
+def dense_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
+    """Every tensor sent dense, in one bucket (the exchange sends each dense tensor by its own
+    allreduce, which Horovod fuses): the plan of an exchange whose calibration has yet to run."""
+    _check_cluster(cluster)
+    bucket = Bucket(tuple(p for p, _, _ in tensors), sum(n for _, _, n in tensors), "dense", None, 0.0)
+    return Plan((_dense_bucket(bucket, compressor, cluster),) if tensors else (),
+                {p: name for p, name, _ in tensors}, compressor, cluster)
 
 
 def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
