@@ -1,20 +1,29 @@
 """Calibration's time and steadiness on the emulated cluster: fresh calibrations, one job each.
 
     python -m benchmarks.calibration_benchmark [--hosts=4] [--models=cnn,vit] [--rates=1gbit,none]
-        [--runs=5] [--compressor_config=dragonn_0.01] [--out_dir=benchmarks/results]
+        [--modes=first_step,between_steps] [--runs=5] [--seconds_per_step=0.5]
+        [--compressor_config=dragonn_0.01] [--out_dir=benchmarks/results] [--name=calibration_benchmark]
 
-Needs root (benchmarks/cluster.py). For each run, model and rate (interleaved: every model and rate
-once before the next run), one `horovodrun` job on --hosts emulated hosts, one worker each, builds
-the model of `examples.models` and calibrates tfcomp for its gradients exactly as the exchange's
-first step does (`tfcomp.calibration.calibrate` with the gradients' sizes in backprop order, the
-compressor of `benchmarks.tta_worker` for --compressor_config, one TensorFlow thread). Without --cached
-there is no calibration cache: each job is a fresh process and pays what a job's first step pays
-on hosts that never calibrated. With --cached the runs share one cache (in a temporary directory):
-a model's first run measures its compression costs, the later ones (as every job after a host's
-first) measure the networks only. It reports per model, rate and source of the compression costs the
-calibration seconds and the figures calibrated (median, min, max and spread = (max - min) / median
-of the per-element compression cost c1 and the fixed cost), and the plan each run made, and writes
-calibration_benchmark.json (every run) and calibration_benchmark.md into --out_dir.
+Needs root (benchmarks/cluster.py). For each run, model, rate and mode (interleaved: every model,
+rate and mode once before the next run), one `horovodrun` job on --hosts emulated hosts, one worker
+each, builds the model of `examples.models` and has a `tfcomp.GradientExchange` (the compressor of
+`benchmarks.tta_worker` for --compressor_config, one TensorFlow thread) exchange gradients of the
+model's shapes (random, fixed), calibrating as training does:
+
+  * first_step: the exchange's first call calibrates, all at once, and plans;
+  * between_steps: the first call plans everything dense and calibrates nothing
+    (`GradientExchange.defer_calibration`), and after each later call `calibrate_step(
+    --seconds_per_step)` runs pieces of the calibration, until it is done.
+
+Without --cached there is no calibration cache: each job is a fresh process and pays what a job
+on hosts that never calibrated pays. With --cached the runs share one cache (in a temporary
+directory): a model's first run measures its compression costs, the later ones (as every job after
+a host's first) measure the networks only. It reports per model, rate, mode and source of the
+compression costs: the first call's seconds (tracing the exchange's step and running it, plus
+whatever calibration it does), the calibration's seconds in all, the steps it ran between and the
+most it added to one of them, the figures calibrated (median, min, max and spread = (max - min) /
+median of the per-element compression cost c1 and the fixed cost), and the plan each run made; and
+writes NAME.json (every run) and NAME.md into --out_dir.
 """
 
 import json
@@ -35,19 +44,29 @@ flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs th
 flags.DEFINE_integer("hosts", 4, "Emulated hosts, one worker each.")
 flags.DEFINE_list("models", ["cnn", "vit"], "Models of examples/models.py.")
 flags.DEFINE_list("rates", ["1gbit", "none"], "Link rates per host ('none': unshaped).")
-flags.DEFINE_integer("runs", 5, "Fresh calibrations per model and rate.")
+flags.DEFINE_list("modes", ["first_step", "between_steps"], "When the exchange calibrates: on its first call "
+                  "(first_step), or in pieces between calls (between_steps).")
+flags.DEFINE_integer("runs", 5, "Fresh calibrations per model, rate and mode.")
+flags.DEFINE_float("seconds_per_step", 0.5, "between_steps: calibrate_step's seconds after each call.")
 flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+flags.DEFINE_string("name", "calibration_benchmark", "The results' file name, without extension.")
 flags.DEFINE_bool("cached", False, "Share one calibration cache among the runs (compression costs measured by "
                   "a model's first run, reused by the others), instead of none.")
 flags.DEFINE_string("calibrated_model", "cnn", "Worker: the model (benchmarks.tta_worker's flags are its own).")
+_MODES = ("first_step", "between_steps")
+flags.DEFINE_enum("mode", "first_step", _MODES, "Worker: when the exchange calibrates.")
+flags.register_validator("modes", lambda modes: set(modes) <= set(_MODES), f"--modes: each one of {', '.join(_MODES)}")
 flags.DEFINE_string("record", None, "Worker: where rank 0 writes its record.")
+_MAX_CALIBRATING_STEPS = 1000  # a worker that has not finished calibrating by then fails (it cannot hang)
 
 
 def _worker() -> None:
     import horovod.tensorflow.keras as hvd
+    import numpy as np
     import tensorflow as tf
 
+    import tfcomp
     from benchmarks.tta_configs import MODEL_OPTIMIZERS, make_compression
     from examples.models import build_model
     from tfcomp import calibration, planning
@@ -57,28 +76,46 @@ def _worker() -> None:
     tf.config.threading.set_inter_op_parallelism_threads(1)
     compressor, _ = make_compression(FLAGS.compressor_config, MODEL_OPTIMIZERS[FLAGS.calibrated_model][0])
     model = build_model(FLAGS.calibrated_model, (28, 28, 1), 10)
-    tensors = [(i, v.name, int(v.shape.num_elements())) for i, v in reversed(list(enumerate(model.trainable_variables)))]
-    sizes = [n for _, _, n in tensors]
+    variables = model.trainable_variables
+    rng = np.random.default_rng(hvd.rank())
+    gradients = [tf.constant(rng.standard_normal(v.shape).astype(np.float32)) for v in variables]
+    sizes = [int(v.shape.num_elements()) for v in reversed(variables)]
     path = calibration._cache_path()
     key = calibration.cache_key(compressor, hvd.global_process_set, sum(sizes), sizes)
     cache_hit = bool(path and hvd.rank() == 0 and calibration._read_cache(path, key, hvd.size()))
+    exchange = tfcomp.GradientExchange(compressor)
+    if FLAGS.mode == "between_steps":
+        exchange.defer_calibration()
     start = time.perf_counter()
-    cluster = calibration.calibrate(compressor, hvd.global_process_set, max_elements=sum(sizes), tensor_elements=sizes)
-    seconds = time.perf_counter() - start
-    plan = planning.make_plan(tensors, compressor, cluster)
+    exchange(gradients, variables)
+    first_call = time.perf_counter() - start
+    first_calibration = exchange.calibration_seconds
+    step_seconds = []  # calibrate_step's seconds after each call
+    while exchange.calibration_pending:
+        if len(step_seconds) == _MAX_CALIBRATING_STEPS:
+            raise RuntimeError(f"calibration not done after {_MAX_CALIBRATING_STEPS} steps")
+        exchange(gradients, variables)
+        start = time.perf_counter()
+        exchange.calibrate_step(FLAGS.seconds_per_step)
+        step_seconds.append(time.perf_counter() - start)
+    plan = exchange.plan
     if hvd.rank() == 0 and FLAGS.record:
         with open(FLAGS.record, "w") as f:
-            json.dump({"seconds": seconds, "cache_hit": cache_hit, "cpu_allocator": calibration.cpu_allocator(),
-                       "figures": cluster.to_list(), "parameters": sum(sizes),
-                       "tensors": len(sizes), "plan": [[b.strategy, len(b.positions), b.elements] for b in plan.buckets],
+            json.dump({"mode": FLAGS.mode, "first_call_seconds": first_call, "first_call_calibration_seconds":
+                       first_calibration, "seconds": exchange.calibration_seconds, "step_seconds": step_seconds,
+                       "cache_hit": cache_hit, "cpu_allocator": calibration.cpu_allocator(),
+                       "figures": plan.cluster.to_list(), "parameters": sum(sizes), "tensors": len(sizes),
+                       "plan": [[b.strategy, len(b.positions), b.elements] for b in plan.buckets],
                        "predicted_exchange_s": planning.predicted_exchange_time(plan)}, f)
 
 
-def _run_one(cluster, model: str, cache: str) -> dict:
+def _run_one(cluster, model: str, mode: str, cache: str) -> dict:
     command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.calibration_benchmark", "--role=worker",
-                                           f"--calibrated_model={model}", f"--compressor_config={FLAGS.compressor_config}"]
-    return cluster.run_json(command, "--record", model,
-                            env={"TFCOMP_CALIBRATION_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600)
+                                           f"--calibrated_model={model}", f"--mode={mode}",
+                                           f"--seconds_per_step={FLAGS.seconds_per_step}",
+                                           f"--compressor_config={FLAGS.compressor_config}"]
+    return cluster.run_json(command, "--record", f"{model} {mode}",
+                            env={"TFCOMP_CALIBRATION_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=900)
 
 
 def _spread(values) -> str:
@@ -88,17 +125,22 @@ def _spread(values) -> str:
 
 
 def summarise(runs: list) -> str:
-    """Markdown: per model, rate and source of the compression costs (measured, or from the cache),
-    calibration seconds and the figures' medians and spreads."""
-    lines = ["| model | rate | compression costs | runs | calibration s | c1 ns/element | fixed ms | "
-             "allreduce Gbit/s | plans |", "|---|---|---|---|---|---|---|---|---|"]
-    for group_key in dict.fromkeys((r["model"], r["rate"], r.get("cache_hit", False)) for r in runs):
-        model, rate, hit = group_key
-        group = [r for r in runs if (r["model"], r["rate"], r.get("cache_hit", False)) == group_key]
+    """Markdown: per model, rate, mode and source of the compression costs (measured, or from the
+    cache), the first call's seconds, calibration's seconds in all, the steps calibration ran
+    between and the most it added to one, and the figures' medians and spreads."""
+    lines = ["| model | rate | mode | compression costs | runs | first call s | calibration s | steps | "
+             "most added to a step s | c1 ns/element | fixed ms | allreduce Gbit/s | plans |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for group_key in dict.fromkeys((r["model"], r["rate"], r["mode"], r["cache_hit"]) for r in runs):
+        model, rate, mode, hit = group_key
+        group = [r for r in runs if (r["model"], r["rate"], r["mode"], r["cache_hit"]) == group_key]
         figures = [r["figures"] for r in group]  # ClusterModel.to_list order
         plans = sorted({"+".join(f"{s}x{n}" for s, n, _ in r["plan"]) for r in group})
-        lines.append(f"| {model} | {rate} | {'cached' if hit else 'measured'} | {len(group)} | "
-                     f"{_spread([r['seconds'] for r in group])} | {_spread([1e9 * f[6] for f in figures])} | "
+        steps = [len(r["step_seconds"]) for r in group]
+        most = [max(r["step_seconds"], default=0.0) for r in group]
+        lines.append(f"| {model} | {rate} | {mode} | {'cached' if hit else 'measured'} | {len(group)} | "
+                     f"{_spread([r['first_call_seconds'] for r in group])} | {_spread([r['seconds'] for r in group])} | "
+                     f"{_spread(steps)} | {_spread(most)} | {_spread([1e9 * f[6] for f in figures])} | "
                      f"{_spread([1e3 * f[10] for f in figures])} | {_spread([8 * f[2] / 1e9 for f in figures])} | "
                      f"{'; '.join(plans)} |")
     return "\n".join(lines)
@@ -116,13 +158,17 @@ def _launcher() -> None:
             for model in FLAGS.models:
                 for rate in FLAGS.rates:
                     cluster.set_rate(None if rate == "none" else rate)
-                    record = _run_one(cluster, model, cache)
-                    record.update(model=model, rate=rate, run=run)
-                    runs.append(record)
-                    print(f"run {run} {model} {rate}: {record['seconds']:.2f} s, c1 {1e9 * record['figures'][6]:.2f} "
-                          f"ns, plan {record['plan']}", flush=True)
-    write_results(FLAGS.out_dir, "calibration_benchmark",
-                  {"hosts": FLAGS.hosts, "config": FLAGS.compressor_config, "runs": runs}, summarise(runs))
+                    for mode in FLAGS.modes:
+                        record = _run_one(cluster, model, mode, cache)
+                        record.update(model=model, rate=rate, run=run)
+                        runs.append(record)
+                        print(f"run {run} {model} {rate} {mode}: first call {record['first_call_seconds']:.2f} s, "
+                              f"calibration {record['seconds']:.2f} s over {len(record['step_seconds'])} steps "
+                              f"(at most {max(record['step_seconds'], default=0.0):.2f} s), c1 "
+                              f"{1e9 * record['figures'][6]:.2f} ns, plan {record['plan']}", flush=True)
+    write_results(FLAGS.out_dir, FLAGS.name, {"hosts": FLAGS.hosts, "config": FLAGS.compressor_config,
+                                              "seconds_per_step": FLAGS.seconds_per_step, "runs": runs},
+                  summarise(runs))
 
 
 def main(argv):

@@ -660,7 +660,7 @@ def check_replan(report):
     model = make_model()
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05, min_elements=256))
     model.compile(opt, loss="mse")
-    callback = tfcomp.keras.Replan(after_steps=3, check_every=2)
+    callback = tfcomp.keras.Replan(after_steps=3, check_every=2, calibration_seconds_per_step=None)  # on step 1
     model.fit(x, y, batch_size=16, epochs=8, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
     report["replan/callback"] = callback.replanned

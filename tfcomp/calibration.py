@@ -1,4 +1,4 @@
-"""Calibration of the cost model on the running cluster, at start-up, in a few seconds.
+"""Calibration of the cost model on the running cluster: at start-up, or between the first training steps.
 
 `calibrate(compressor, process_set, max_elements, tensor_elements)` returns a `tfcomp.cost_model.ClusterModel`:
 
@@ -25,6 +25,13 @@
     that, and calibration stops there (on a fast network it takes a fraction of the time). It
     stops there too for a compressor tried in training (`tfcomp.trial`) where those least costs
     predict less than a 1.5x faster exchange than dense: their plan goes to the trial.
+
+Calibration comes in pieces: `calibration_pieces` is a generator whose every `next()` runs one
+piece (a probe graph made, or called for the first time, which traces it; or one round of timed
+calls) and which returns the figures. `calibrate` runs it at once (the exchange's first step does,
+by default); an exchange whose calibration is deferred (`GradientExchange.defer_calibration`, which
+`tfcomp.keras.Replan` sets) runs a few pieces after each training step instead, its first steps
+sending everything dense, so that no step waits for the whole of it.
 
 Everything is timed as training runs it: each call one graph, started right after a barrier (in
 training the previous step's collectives synchronise the workers), the probes of a kind

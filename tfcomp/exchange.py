@@ -239,17 +239,18 @@ class GradientExchange(tf.Module):
         (later it does nothing). The first plan then sends every gradient dense, as Horovod does,
         and measures nothing, and each `calibrate_step()` call after a step runs the next pieces
         of the calibration; when they are done the exchange is planned with its figures (and the
-        ready times measured meanwhile). `tfcomp.keras.Replan` does both. With one worker or
+        ready times measured meanwhile), and that plan replaces the dense one where it compresses. `tfcomp.keras.Replan` does both. With one worker or
         planning="off" there is nothing to calibrate."""
         self._planner.defer_calibration()
 
     def calibrate_step(self, seconds: float = CALIBRATION_SECONDS_PER_STEP) -> bool:
         """Runs pieces of the deferred calibration (`defer_calibration`) for about `seconds` (> 0;
         rank 0's clock decides for every rank, and a piece once started runs to its end: a probe's
-        first call, or one round of timed calls), then, where that finished it, plans again as
-        `replan` does: with the figures measured, and the gradients' ready times of the steps run
-        meanwhile. Returns whether the plan changed (trace the training step again; the new plan
-        is tried in training where it compresses). Call it eagerly between training steps, on
+        first call, or one round of timed calls), then, where that finished it, plans with the
+        figures measured and the gradients' ready times of the steps run meanwhile (the latest over
+        the ranks, cached for later jobs as `replan` caches them), and installs that plan where it
+        compresses (it is then tried in training, as a first plan is). Returns whether it did (trace
+        the training step again). Call it eagerly between training steps, on
         every rank at the same step; False (nothing done) where nothing is pending."""
         if not seconds > 0.0:
             raise ValueError(f"seconds must be a time > 0 to calibrate for, got {seconds!r}")
@@ -264,7 +265,15 @@ class GradientExchange(tf.Module):
         ready = self._latest_over_ranks(entry, measured)[0] if measured["steps"] else None
         if ready is not None:
             self._planner.keep_ready_times(entry.tensors, ready)
-        changed = self._plan_again(entry, ready)
+        with tf.init_scope():
+            plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
+        # The dense plan run so far stood in for this one: a plan that compresses replaces it whatever
+        # it is predicted to gain (as a first plan would run), an all-dense one only lends its figures.
+        changed = bool(plan.compressed)
+        if changed:
+            self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources)
+        else:
+            entry.plan = self.plan = replace(entry.plan, cluster=plan.cluster, ready=plan.ready)
         if self._collectives.rank == 0:
             logging.info("tfcomp: calibrated between steps in %.1f s; %s\n%s", self.calibration_seconds,
                          "a new plan" if changed else "the plan stays", self.plan.table())
