@@ -21,7 +21,9 @@ directory): a model's first run measures its compression costs, the later ones (
 a host's first) measure the networks only. It reports per model, rate, mode and source of the
 compression costs: the first call's seconds (tracing the exchange's step and running it, plus
 whatever calibration it does), the calibration's seconds in all, the steps it ran between and the
-most it added to one of them, the figures calibrated (median, min, max and spread = (max - min) /
+most it added to one of them, the next call's seconds (which traces the exchange's step again where
+calibration between steps installed a plan that compresses) and the median of the 5 calls after it,
+the figures calibrated (median, min, max and spread = (max - min) /
 median of the per-element compression cost c1 and the fixed cost), and the plan each run made; and
 writes NAME.json (every run) and NAME.md into --out_dir.
 """
@@ -59,6 +61,7 @@ flags.DEFINE_enum("mode", "first_step", _MODES, "Worker: when the exchange calib
 flags.register_validator("modes", lambda modes: set(modes) <= set(_MODES), f"--modes: each one of {', '.join(_MODES)}")
 flags.DEFINE_string("record", None, "Worker: where rank 0 writes its record.")
 _MAX_CALIBRATING_STEPS = 1000  # a worker that has not finished calibrating by then fails (it cannot hang)
+_LATER_CALLS = 6  # calls timed after calibration: the first (which traces a new plan), the median of the others
 
 
 def _worker() -> None:
@@ -98,11 +101,17 @@ def _worker() -> None:
         start = time.perf_counter()
         exchange.calibrate_step(FLAGS.seconds_per_step)
         step_seconds.append(time.perf_counter() - start)
+    calls = []  # the next calls: the first traces the plan calibration installed, if it installed one
+    for _ in range(_LATER_CALLS):
+        start = time.perf_counter()
+        exchange(gradients, variables)
+        calls.append(time.perf_counter() - start)
     plan = exchange.plan
     if hvd.rank() == 0 and FLAGS.record:
         with open(FLAGS.record, "w") as f:
             json.dump({"mode": FLAGS.mode, "first_call_seconds": first_call, "first_call_calibration_seconds":
                        first_calibration, "seconds": exchange.calibration_seconds, "step_seconds": step_seconds,
+                       "next_call_seconds": calls[0], "later_call_seconds": float(np.median(calls[1:])),
                        "cache_hit": cache_hit, "cpu_allocator": calibration.cpu_allocator(),
                        "figures": plan.cluster.to_list(), "parameters": sum(sizes), "tensors": len(sizes),
                        "plan": [[b.strategy, len(b.positions), b.elements] for b in plan.buckets],
@@ -129,8 +138,8 @@ def summarise(runs: list) -> str:
     cache), the first call's seconds, calibration's seconds in all, the steps calibration ran
     between and the most it added to one, and the figures' medians and spreads."""
     lines = ["| model | rate | mode | compression costs | runs | first call s | calibration s | steps | "
-             "most added to a step s | c1 ns/element | fixed ms | allreduce Gbit/s | plans |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "most added to a step s | next call s | later calls s | c1 ns/element | fixed ms | allreduce Gbit/s | "
+             "plans |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for group_key in dict.fromkeys((r["model"], r["rate"], r["mode"], r["cache_hit"]) for r in runs):
         model, rate, mode, hit = group_key
         group = [r for r in runs if (r["model"], r["rate"], r["mode"], r["cache_hit"]) == group_key]
@@ -140,7 +149,8 @@ def summarise(runs: list) -> str:
         most = [max(r["step_seconds"], default=0.0) for r in group]
         lines.append(f"| {model} | {rate} | {mode} | {'cached' if hit else 'measured'} | {len(group)} | "
                      f"{_spread([r['first_call_seconds'] for r in group])} | {_spread([r['seconds'] for r in group])} | "
-                     f"{_spread(steps)} | {_spread(most)} | {_spread([1e9 * f[6] for f in figures])} | "
+                     f"{_spread(steps)} | {_spread(most)} | {_spread([r['next_call_seconds'] for r in group])} | "
+                     f"{_spread([r['later_call_seconds'] for r in group])} | {_spread([1e9 * f[6] for f in figures])} | "
                      f"{_spread([1e3 * f[10] for f in figures])} | {_spread([8 * f[2] / 1e9 for f in figures])} | "
                      f"{'; '.join(plans)} |")
     return "\n".join(lines)
