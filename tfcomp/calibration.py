@@ -685,15 +685,16 @@ def store_ready_times(process_set, tensor_elements, ready_seconds) -> None:
 
 def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cached=None):
     """A generator of calibration pieces that returns (this rank's figures, the CompressionFigures
-    in them, whether those were measured now): every rank runs the same collectives in the same order. The networks are always measured (a
-    link's rate can change from job to job on the same hosts); the compression costs are taken
+    in them, whether those were measured now): every rank runs the same collectives in the same
+    order. The networks are always measured (a link's rate can change from job to job on the same
+    hosts); the compression costs are taken
     from `cached` (rank 0's CompressionFigures from the cache; a placeholder on the other ranks,
     whose figures rank 0's replace) where it is complete, or where its lower bounds already make
     the plan of `tensor_elements` all dense on this network; otherwise measured. When rank 0's
     network figures do not explain its compressed probes' times (a slow spell while the network
     was measured), every rank measures both once more, and keeps the second figures whatever they
     are. Where rank 0's lower bounds of the compression costs already make the plan all dense,
-    those are the figures (`measure_compression`'s `could_pay`). So they are where the compressor
+    those are the figures (`compression_pieces`'s `could_pay`). So they are where the compressor
     is tried in training (`Compressor.tried_steps`) and even those least costs predict a gain
     below `_CLEAR_GAIN`: the plan they make goes to the trial, which is a truer test of a small
     gain than more probes."""

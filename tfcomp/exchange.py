@@ -39,8 +39,8 @@ from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph, wire_bytes
 
-__all__ = ["CALIBRATION_SECONDS_PER_STEP", "COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "REPLAN_MIN_GAIN", "GradientExchange", "TensorRecord",
-           "check_predivide_factor", "check_tf2_mode", "exchange_of"]
+__all__ = ["CALIBRATION_SECONDS_PER_STEP", "COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "REPLAN_MIN_GAIN",
+           "GradientExchange", "TensorRecord", "check_predivide_factor", "check_tf2_mode", "exchange_of"]
 
 COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 REPLAN_MIN_GAIN = 0.05  # a new plan replaces the running one only where predicted to save this fraction of the
@@ -239,8 +239,9 @@ class GradientExchange(tf.Module):
         (later it does nothing). The first plan then sends every gradient dense, as Horovod does,
         and measures nothing, and each `calibrate_step()` call after a step runs the next pieces
         of the calibration; when they are done the exchange is planned with its figures (and the
-        ready times measured meanwhile), and that plan replaces the dense one where it compresses. `tfcomp.keras.Replan` does both. With one worker or
-        planning="off" there is nothing to calibrate."""
+        ready times measured meanwhile), and that plan replaces the dense one where it compresses.
+        `tfcomp.keras.Replan` does both. With one worker or planning="off" there is nothing to
+        calibrate."""
         self._planner.defer_calibration()
 
     def calibrate_step(self, seconds: float = CALIBRATION_SECONDS_PER_STEP) -> bool:
@@ -250,8 +251,8 @@ class GradientExchange(tf.Module):
         figures measured and the gradients' ready times of the steps run meanwhile (the latest over
         the ranks, cached for later jobs as `replan` caches them), and installs that plan where it
         compresses (it is then tried in training, as a first plan is). Returns whether it did (trace
-        the training step again). Call it eagerly between training steps, on
-        every rank at the same step; False (nothing done) where nothing is pending."""
+        the training step again). Call it eagerly between training steps, on every rank at the
+        same step; False (nothing done) where nothing is pending."""
         if not seconds > 0.0:
             raise ValueError(f"seconds must be a time > 0 to calibrate for, got {seconds!r}")
         entry = self._plans.get(self._last_key)
