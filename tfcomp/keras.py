@@ -124,6 +124,11 @@ class CompressionMonitor(tf.keras.callbacks.Callback):
             self._writer = None
 
 
+def _finite_above_zero(value) -> bool:
+    """Whether `value` is a real number (not a bool) in (0, inf)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0.0 < value < float("inf")
+
+
 class Replan(tf.keras.callbacks.Callback):
     """Calibrates and re-plans the tfcomp exchange with what training measures, on every rank at
     the same step (steps counted over every `fit` call), and rebuilds Keras's training function
@@ -141,8 +146,8 @@ class Replan(tf.keras.callbacks.Callback):
         slowdown fitted, or the cluster calibrated again), at most `max_replans` times.
 
     `calibrated_at`: the step (counted from 1) after which the deferred calibration finished (None:
-    none finished); `replanned`: None until `after_steps`, then whether that re-plan changed the plan; `checks`:
-    each `check_prediction` result that was not None, in order. Does nothing for an optimizer that
+    none finished); `replanned`: None until `after_steps`, then whether that re-plan changed the
+    plan; `checks`: each `check_prediction` result that was not None, in order. Does nothing for an optimizer that
     runs no tfcomp exchange.
 
     Args:
@@ -158,16 +163,14 @@ class Replan(tf.keras.callbacks.Callback):
     def __init__(self, after_steps: int = 30, check_every=20, threshold: float = DEPARTURE_THRESHOLD,
                  max_replans: int = 3, calibration_seconds_per_step=CALIBRATION_SECONDS_PER_STEP):
         super().__init__()
-        if calibration_seconds_per_step is not None and (
-                isinstance(calibration_seconds_per_step, bool) or not isinstance(calibration_seconds_per_step, (int, float))
-                or not 0.0 < calibration_seconds_per_step < float("inf")):
+        if calibration_seconds_per_step is not None and not _finite_above_zero(calibration_seconds_per_step):
             raise ValueError(f"calibration_seconds_per_step must be finite seconds > 0 or None, got "
                              f"{calibration_seconds_per_step!r}")
         for name, value, least in (("after_steps", after_steps, 1), ("max_replans", max_replans, 0)) + (
                 (("check_every", check_every, 1),) if check_every is not None else ()):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 < threshold < float("inf"):
+        if not _finite_above_zero(threshold):
             raise ValueError(f"threshold must be a finite fraction > 0, got {threshold!r}")
         self.after_steps = after_steps
         self.check_every = check_every

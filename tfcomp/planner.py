@@ -88,8 +88,7 @@ class Planner:
 
     def _finish_calibration(self) -> None:
         """Runs what is left of a deferred calibration at once."""
-        while not self.calibrate_some(float("inf")):
-            pass
+        self.calibrate_some(float("inf"))
 
     def plan(self, tensors, signature, ready_seconds=None) -> planning.Plan:
         """The plan for `tensors` = [(position, name, elements)] in backprop order (the gradients

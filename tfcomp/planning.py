@@ -18,8 +18,8 @@ runs while the backward pass computes beside it is fitted to a measured exchange
 `fit_overlap_slowdown`.
 
 `per_tensor_plan` is the plan with planning="off": one bucket per tensor; `dense_plan` the plan
-of an exchange whose calibration runs between its first training steps: everything dense. `predicted_exchange_time`
-prices a plan as the exchange runs it (one grouped collective per compressed strategy, dense
+of an exchange whose calibration runs between its first training steps: everything dense.
+`predicted_exchange_time` prices a plan as the exchange runs it (one grouped collective per compressed strategy, dense
 allreduces in the order they are ready, fused where they are ready together); the search uses it too.
 `tfcomp.planner` compares plans across ranks; `PlanMismatchError` is what it raises on every rank.
 """
@@ -34,7 +34,8 @@ import math
 from tfcomp import cost_model as cm
 
 __all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain", "dense_plan", "digest",
-           "fit_overlap_slowdown", "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
+           "fit_overlap_slowdown", "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan",
+           "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
