@@ -515,6 +515,18 @@ def check_planning(report):
         else:
             os.environ[tfcomp.calibration.CACHE_ENV] = original_cache
 
+    # Each rank's own compression figures, agreed: every cost the median of the ranks', explained rank 0's.
+    own_costs = rng.uniform(1e-9, 1e-3, size=7)
+    own = tfcomp.calibration.CompressionFigures(
+        tfcomp.cost_model.AffineCost(*own_costs[:2]), *own_costs[2:5], explained=hvd.rank() == 0, complete=True,
+        partitioned_per_slot=own_costs[5], artopk_per_slot=own_costs[6])
+    agreed = tfcomp.calibration._median_over_ranks(own, hvd.global_process_set)
+    report["plan/own_costs"] = own_costs.tolist()
+    report["plan/agreed_costs"] = [agreed.encode_decode.c0, agreed.encode_decode.c1, agreed.per_tensor,
+                                   agreed.merge_per_element, agreed.fixed, agreed.partitioned_per_slot,
+                                   agreed.artopk_per_slot]
+    report["plan/agreed_flags"] = [agreed.explained, agreed.complete]
+
     original_make_plan = tfcomp.planning.make_plan
 
     def different_on_rank_1(tensors, compressor, cluster, **kwargs):

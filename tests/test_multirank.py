@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.helpers import REPO_ROOT, child_env, horovodrun
@@ -240,6 +241,13 @@ def test_perturbed_calibration_on_one_rank_still_gives_one_plan(reports):
     assert len({r["plan/perturbed_digest"] for r in reports}) == 1
     assert all(r["plan/perturbed_cluster"] == reports[0]["plan/perturbed_cluster"] for r in reports)
     assert all(r["plan/perturbed_finite"] for r in reports)
+
+
+def test_compression_figures_agreed_as_the_median_of_the_ranks(reports):
+    expected = np.median([r["plan/own_costs"] for r in reports], axis=0)
+    for r in reports:
+        np.testing.assert_allclose(r["plan/agreed_costs"], expected, rtol=1e-12)
+        assert r["plan/agreed_flags"] == [True, True]  # rank 0's explained (the others' were False)
 
 
 def test_different_plans_raise_on_every_rank(reports):
