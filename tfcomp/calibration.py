@@ -3,8 +3,8 @@
 `calibrate(compressor, process_set, max_elements, tensor_elements)` returns a `tfcomp.cost_model.ClusterModel`:
 
   * the allreduce and allgather networks: latency from a tiny collective (one float32), bandwidth
-    from a large one (the size of the gradients, 1 to 4 MiB; an eighth of that for the allgather),
-    fitted to the ring formulas of `tfcomp.cost_model`;
+    from a large one (the size of the gradients, 1 to 16 MiB; an eighth of that, at most 4 MiB, for
+    the allgather), fitted to the ring formulas of `tfcomp.cost_model`;
   * what each tensor adds to the exchange's collectives (Horovod's per-tensor negotiation and
     bookkeeping), from a graph of 64 one-element allreduces against one;
   * the compressor's encode+decode time as `c0 + c1 * elements` (plus per-tensor and per-merged-
@@ -86,7 +86,12 @@ __all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times",
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
 _LARGE_MIN_ELEMENTS = 2**18  # 1 MiB of float32
-_LARGE_MAX_ELEMENTS = 2**20  # 4 MiB: at 1 Gbit/s a ring allreduce of it takes 30 to 60 ms, 10 to 20 times its latency
+# 16 MiB: at 1 Gbit/s a ring allreduce of it takes 150 to 220 ms (2 to 4 workers). Smaller, the
+# emulated links' token-bucket burst (the first 0.5 MB at 1 Gbit/s, 1 MB at 2 go at once) inflated
+# the bandwidth: two workers, 2 Gbit/s links, 2.14 Gbit/s from 4 MiB and 1.77 from 16, where larger
+# transfers ran at 1.74 (BENCHMARKS.md), so that larger dense exchanges were priced too low.
+_LARGE_MAX_ELEMENTS = 2**22
+_LARGE_ALLGATHER_MAX_ELEMENTS = 2**20  # 4 MiB: the allgather carries compressed payloads
 _BOOKKEEPING_TENSORS = 64
 _LARGE_PARTS = 4
 _LARGE_ROUNDS_ELEMENTS = 2**23  # the large collectives run about a third of this many elements per block (2 to 5 rounds)
@@ -212,10 +217,10 @@ def _fit_network(tiny_seconds: float, large_seconds: float, large_bytes: float, 
 
 def _network_probe_elements(elements: int) -> tuple:
     """(large allreduce, large allgather) float32 elements for gradients of `elements`: their size
-    within 1 MiB .. 4 MiB (a multiple of _LARGE_PARTS), and an eighth of it, within the same bounds,
+    within 1 MiB .. 16 MiB (a multiple of _LARGE_PARTS), and an eighth of it, within 1 MiB .. 4 MiB,
     for the allgather, whose payloads are compressed."""
     allreduce = min(max(elements, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS) // _LARGE_PARTS * _LARGE_PARTS
-    return allreduce, min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_MAX_ELEMENTS)
+    return allreduce, min(max(elements // 8, _LARGE_MIN_ELEMENTS), _LARGE_ALLGATHER_MAX_ELEMENTS)
 
 
 def _merge_probe(largest: int, tensor_elements=()) -> tuple:
@@ -240,7 +245,7 @@ def _measure_networks(process_set, elements: int):
     """A generator of calibration pieces that returns the `ClusterModel` of the collectives for
     this process set (no compression figures), timed as
     training runs them (in a graph, the workers synchronised just before): latency from one float32,
-    bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 4 MiB, as 4 tensors
+    bandwidth from `elements` float32 (the gradients' size, within 1 MiB .. 16 MiB, as 4 tensors
     that Horovod fuses) for the allreduce and an eighth of that for the allgather, whose payloads
     are compressed; and what each tensor adds from 64 one-element allreduces against one."""
     k = process_set.size()
