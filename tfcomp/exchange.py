@@ -262,10 +262,7 @@ class GradientExchange(tf.Module):
             done = self._planner.calibrate_some(seconds)
         if not done:
             return False
-        measured = entry.runtime.timeline.read()
-        ready = self._latest_over_ranks(entry, measured)[0] if measured["steps"] else None
-        if ready is not None:
-            self._planner.keep_ready_times(entry.tensors, ready)
+        _, ready = self._ready_times_kept(entry)
         with tf.init_scope():
             plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
         # The dense plan run so far stood in for this one: a plan that compresses replaces it whatever
@@ -405,12 +402,10 @@ class GradientExchange(tf.Module):
         entry = self._replannable()
         if entry is None:
             return False
-        measured = entry.runtime.timeline.read()
-        if measured["steps"] == 0:
+        measured, ready = self._ready_times_kept(entry)
+        if ready is None:
             raise RuntimeError("tfcomp: replan() needs the ready times of at least one training step; call it after "
                                "training has run")
-        ready, _ = self._latest_over_ranks(entry, measured)
-        self._planner.keep_ready_times(entry.tensors, ready)
         changed = self._plan_again(entry, ready, min_gain)
         if changed and self._collectives.rank == 0:
             logging.info("tfcomp: re-planned with the gradients' ready times measured over %d steps\n%s",
@@ -529,6 +524,17 @@ class GradientExchange(tf.Module):
                 or self._collectives.size < 2 or not entry.tensors):
             return None
         return entry
+
+    def _ready_times_kept(self, entry) -> tuple:
+        """(`entry`'s timeline reading, the gradients' ready times in it: the latest over the ranks,
+        per planner tensor, or None where no step was timed), those times kept for the planner and
+        for later jobs (`Planner.keep_ready_times`). Every rank calls it at the same step."""
+        measured = entry.runtime.timeline.read()
+        if not measured["steps"]:
+            return measured, None
+        ready, _ = self._latest_over_ranks(entry, measured)
+        self._planner.keep_ready_times(entry.tensors, ready)
+        return measured, ready
 
     def _latest_over_ranks(self, entry, measured: dict) -> tuple:
         """([ready seconds per planner tensor], the exchange's end): `measured`'s timeline medians,
