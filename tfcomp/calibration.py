@@ -486,11 +486,12 @@ def compression_pieces(compressor, num_workers: int, max_elements: int, network:
 
 def _median_over_ranks(figures: CompressionFigures, process_set) -> CompressionFigures:
     """The ranks' figures agreed: every cost the median of the ranks' (each rank times the probes
-    on its own, and on this machine one rank's per-element cost spreads 25 to 45 % over fresh
-    calibrations where the median of 4 ranks' spreads 18 %), `explained` rank 0's (its decisions
-    follow it), `complete` alike on every rank. Every rank of `process_set` must call it at once."""
-    costs = [figures.encode_decode.c0, figures.encode_decode.c1, figures.per_tensor, figures.merge_per_element, figures.fixed,
-             figures.partitioned_per_slot, figures.artopk_per_slot]
+    on its own: over 8 calibrations in 2 jobs on 4 hosts of this machine, rank 0's per-element
+    cost spread 44 % and the median of the 4 ranks' 18 %; between fresh jobs both spread as much
+    as the jobs' own speed, BENCHMARKS.md), `explained` rank 0's (its decisions follow it),
+    `complete` alike on every rank. Every rank of `process_set` must call it at once."""
+    costs = [figures.encode_decode.c0, figures.encode_decode.c1, figures.per_tensor, figures.merge_per_element,
+             figures.fixed, figures.partitioned_per_slot, figures.artopk_per_slot]
     gathered = hvd.allgather(tf.constant([[*costs, float(figures.explained)]], tf.float64), process_set=process_set,
                              name="tfcomp_calibration_compression_figures").numpy()
     c0, c1, per_tensor, merge, fixed, partitioned, artopk = (float(x) for x in np.median(gathered[:, :-1], axis=0))
