@@ -12,6 +12,8 @@ Needs root. The layout (nothing touches the root namespace's network):
     joined to the bridge by a veth pair whose other end is port p<i> of br0;
   - each link shaped in both directions to --rate with `tc ... tbf` (host i's eth0 for what it sends,
     port p<i> for what it receives), or unshaped with `--rate none`;
+  - with `pin_cpus`, host i's processes (its sshd and all it starts) on CPU (i - 1) mod the CPUs this
+    process may use, so that up to that many hosts each compute on a CPU of their own, as real hosts do;
   - one sshd per host, listening on the host's address, with a host key and a client key made for
     this cluster; host 1's ssh client config (`/etc/netns/<tag>-h1/ssh/ssh_config`, which
     `ip netns exec` mounts over /etc/ssh) logs in with that key, so `horovodrun` launched on host 1
@@ -146,7 +148,8 @@ def _terminate_on_sigterm(signum, frame):
 
 
 class Cluster:
-    """`hosts` emulated hosts with links of `rate` ('1gbit', ...; None or 'none': unshaped).
+    """`hosts` emulated hosts with links of `rate` ('1gbit', ...; None or 'none': unshaped), each
+    host's processes on one CPU of its own where `pin_cpus` (`cpus[i]` is host i + 1's; None unpinned).
 
         with Cluster(hosts=4, rate="1gbit") as cluster:
             cluster.run(cluster.horovodrun_args() + ["python", "train.py"])
@@ -155,10 +158,14 @@ class Cluster:
     Entering brings the cluster up (and tears down what it made if that fails); leaving tears it
     down. While it is up, SIGTERM raises SystemExit so the teardown runs."""
 
-    def __init__(self, hosts: int, rate=None):
+    def __init__(self, hosts: int, rate=None, pin_cpus: bool = False):
         if not isinstance(hosts, int) or not 1 <= hosts <= 250:
             raise ValueError(f"hosts: {hosts!r} is not a number of hosts from 1 to 250")
+        if not isinstance(pin_cpus, bool):
+            raise ValueError(f"pin_cpus: {pin_cpus!r} is not True or False")
         self.count = hosts
+        usable = sorted(os.sched_getaffinity(0))
+        self.cpus = [usable[i % len(usable)] for i in range(hosts)] if pin_cpus else None
         self.rate_bits = parse_rate(rate)
         self.tag = f"{PREFIX}{os.getpid()}"
         self.switch = f"{self.tag}-sw"
@@ -213,8 +220,9 @@ class Cluster:
             _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.tag, "-f", os.path.join(keys, key))
         shutil.copy(os.path.join(keys, "client_key.pub"), os.path.join(keys, "authorized_keys"))
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
-        for name, address in zip(self.names, self.addresses):
-            _sh(SSHD, "-f", "/dev/null", "-h", os.path.join(keys, "host_key"),
+        for i, (name, address) in enumerate(zip(self.names, self.addresses)):
+            pinned = ["taskset", "-c", str(self.cpus[i])] if self.cpus else []
+            _sh(*pinned, SSHD, "-f", "/dev/null", "-h", os.path.join(keys, "host_key"),
                 "-o", f"ListenAddress={address}", "-o", f"PidFile={os.path.join(self._tmp, name + '.sshd.pid')}",
                 "-o", f"AuthorizedKeysFile={os.path.join(keys, 'authorized_keys')}", "-o", "StrictModes=no",
                 "-o", "PasswordAuthentication=no", "-o", "PermitRootLogin=prohibit-password", "-o", "UsePAM=no",
@@ -280,7 +288,8 @@ class Cluster:
         if self._tmp is None:
             raise ClusterError("the cluster is not up: use it inside `with Cluster(...) as cluster:`")
         full_env = dict(os.environ, TFCOMP_HOSTS=self.hosts, **(env or {}))
-        process = subprocess.Popen(["ip", "netns", "exec", self.names[0], *command], env=full_env,
+        pinned = ["taskset", "-c", str(self.cpus[0])] if self.cpus else []
+        process = subprocess.Popen(["ip", "netns", "exec", self.names[0], *pinned, *command], env=full_env,
                                    stdout=subprocess.PIPE if capture else None,
                                    stderr=subprocess.PIPE if capture else None, text=True,
                                    start_new_session=True)
@@ -334,6 +343,7 @@ def main(argv=None) -> int:
     run = commands.add_parser("run", help="bring up a cluster, run COMMAND on host 1, tear it down")
     run.add_argument("--hosts", type=int, required=True, help="number of hosts (one slot each)")
     run.add_argument("--rate", required=True, help="link rate per host and direction: 1gbit, 500mbit, ... or none")
+    run.add_argument("--pin_cpus", action="store_true", help="run host i on CPU (i - 1) mod the CPUs usable")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     commands.add_parser("check", help="say in one line whether a cluster can be made here")
     commands.add_parser("clean", help="remove namespaces and files a killed run left behind")
@@ -354,7 +364,7 @@ def main(argv=None) -> int:
         parser.error("run: give the command after --")
     try:
         parse_rate(args.rate)
-        with Cluster(hosts=args.hosts, rate=args.rate) as cluster:
+        with Cluster(hosts=args.hosts, rate=args.rate, pin_cpus=args.pin_cpus) as cluster:
             return cluster.run(command).returncode
     except (ValueError, ClusterError) as error:
         print(f"cluster: {error}", file=sys.stderr)

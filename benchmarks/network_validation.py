@@ -36,6 +36,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit", "10gbit"],
                   "Link rates of the hosts (e.g. 1gbit), or 'unshaped'.")
 flags.DEFINE_integer("hosts", 2, "Emulated hosts, one worker each.")
+flags.DEFINE_bool("pin_cpus", False, "Run host i's processes on CPU (i - 1) mod the CPUs usable (benchmarks/cluster.py).")
 flags.DEFINE_integer("rounds", 11, "Interleaved rounds per setting (the median is reported).")
 flags.DEFINE_integer("steps", 6, "Training steps per configuration per round.")
 flags.DEFINE_list("models", ["giant", "many_small", "cnn", "vit"], "Models to train (see benchmarks/network_worker.py).")
@@ -171,16 +172,17 @@ def main(argv):
     if reason:
         raise app.UsageError(reason)
     by_setting = {}
-    with Cluster(hosts=FLAGS.hosts) as cluster:
+    with Cluster(hosts=FLAGS.hosts, pin_cpus=FLAGS.pin_cpus) as cluster:
         for setting in FLAGS.settings:
             print(f"{setting} ...", flush=True)
             by_setting[setting] = run_setting(cluster, setting)
     text, _ = summarise(by_setting)
     header = (f"Network validation, {datetime.date.today()}, {platform.node()} ({os.cpu_count()} vCPUs), "
-              f"{FLAGS.hosts} workers on {FLAGS.hosts} emulated hosts, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps (many_small: 3x the rounds, "
+              f"{FLAGS.hosts} workers on {FLAGS.hosts} emulated hosts{', pinned to CPUs ' + ','.join(map(str, cluster.cpus)) if FLAGS.pin_cpus else ''}, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps (many_small: 3x the rounds, "
               f"4x the steps), medians. Command: "
               f"`python -m benchmarks.network_validation --hosts={FLAGS.hosts} --settings={','.join(FLAGS.settings)} "
               f"--models={','.join(FLAGS.models)} --rounds={FLAGS.rounds} --steps={FLAGS.steps}"
+              f"{' --pin_cpus' if FLAGS.pin_cpus else ''}"
               f"{' --configs=' + ','.join(FLAGS.configs) if FLAGS.configs else ''}`\n\n")
     print(header + text)
     if FLAGS.markdown_out:
