@@ -2,7 +2,7 @@
 
     python -m benchmarks.calibration_benchmark [--hosts=4] [--models=cnn,vit] [--rates=1gbit,none]
         [--modes=first_step,between_steps] [--runs=5] [--seconds_per_step=0.5]
-        [--compressor_config=dragonn_0.01] [--out_dir=benchmarks/results] [--name=calibration_benchmark]
+        [--compressor_config=dragonn_0.01] [--pin_cpus] [--out_dir=benchmarks/results] [--name=calibration_benchmark]
 
 Needs root (benchmarks/cluster.py). For each run, model, rate and mode (interleaved: every model,
 rate and mode once before the next run), one `horovodrun` job on --hosts emulated hosts, one worker
@@ -48,6 +48,7 @@ flags.DEFINE_list("models", ["cnn", "vit"], "Models of examples/models.py.")
 flags.DEFINE_list("rates", ["1gbit", "none"], "Link rates per host ('none': unshaped).")
 flags.DEFINE_list("modes", ["first_step", "between_steps"], "When the exchange calibrates: on its first call "
                   "(first_step), or in pieces between calls (between_steps).")
+flags.DEFINE_bool("pin_cpus", False, "Run host i's processes on CPU (i - 1) mod the CPUs usable (benchmarks/cluster.py).")
 flags.DEFINE_integer("runs", 5, "Fresh calibrations per model, rate and mode.")
 flags.DEFINE_float("seconds_per_step", 0.5, "between_steps: calibrate_step's seconds after each call.")
 flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
@@ -163,7 +164,7 @@ def _launcher() -> None:
     runs = []
     cache_dir = tempfile.TemporaryDirectory()
     cache = os.path.join(cache_dir.name, "calibration.json") if FLAGS.cached else "none"
-    with cache_dir, Cluster(hosts=FLAGS.hosts, rate=None) as cluster:
+    with cache_dir, Cluster(hosts=FLAGS.hosts, rate=None, pin_cpus=FLAGS.pin_cpus) as cluster:
         for run in range(FLAGS.runs):
             for model in FLAGS.models:
                 for rate in FLAGS.rates:
@@ -176,8 +177,8 @@ def _launcher() -> None:
                               f"calibration {record['seconds']:.2f} s over {len(record['step_seconds'])} steps "
                               f"(at most {max(record['step_seconds'], default=0.0):.2f} s), c1 "
                               f"{1e9 * record['figures'][6]:.2f} ns, plan {record['plan']}", flush=True)
-    write_results(FLAGS.out_dir, FLAGS.name, {"hosts": FLAGS.hosts, "config": FLAGS.compressor_config,
-                                              "seconds_per_step": FLAGS.seconds_per_step, "runs": runs},
+    write_results(FLAGS.out_dir, FLAGS.name, {"hosts": FLAGS.hosts, "cpus": cluster.cpus,
+                                              "config": FLAGS.compressor_config, "seconds_per_step": FLAGS.seconds_per_step, "runs": runs},
                   summarise(runs))
 
 

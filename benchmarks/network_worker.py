@@ -12,10 +12,11 @@ on a fixed batch of 32 per worker:
                in 22 tensors, 1.6 M in 46), trained here with plain SGD like the others
 
 and these configurations, interleaved round by round (every round runs each configuration for
---steps steps, 4x as many for many_small; after a warm-up that runs past tfcomp's trial of its plan and one
-untimed round, the result is the median over
---rounds rounds, 3x as many for many_small, of the time per step; each round starts one
-configuration later than the one before):
+one untimed step, then --steps timed steps, 4x as many for many_small; after a warm-up that runs past
+tfcomp's trial of its plan and one untimed round, the result is the median over --rounds rounds, 3x
+as many for many_small, of the time per timed step; each round starts one configuration later than
+the one before). The untimed step, the first after another configuration's steps, is left out
+because training never switches (its samples are kept as switch_step_samples_s):
 
   compute        the same step without any exchange (plain SGD)
   compute_synced the same step ending in one allreduce of one float (the loss): the compute time
@@ -243,6 +244,7 @@ def main():
             trainer.warm_up()
             trainers[model_name, config] = trainer
     samples = {key: [] for key in trainers}
+    switch_samples = {key: [] for key in trainers}
     steps = {key: args.steps * STEP_FACTOR[key[0]] for key in trainers}
     for key, trainer in trainers.items():  # one untimed round: every configuration warm, in round order
         barrier()
@@ -257,13 +259,17 @@ def main():
             trainer = trainers[key]
             barrier()
             start = time.perf_counter()
+            trainer.run(1)  # the first step after another configuration's: its switch is left out
+            switched = time.perf_counter()
             trainer.run(steps[key])
-            samples[key].append((time.perf_counter() - start) / steps[key])
+            samples[key].append((time.perf_counter() - switched) / steps[key])
+            switch_samples[key].append(switched - start)
     results = []
     for (model_name, config), trainer in trainers.items():
         results.append({"model": model_name, "config": config, "parameters": trainer.parameters(), "trials": trainer.trials,
                         "measured_s": statistics.median(samples[model_name, config]),
-                        "samples_s": samples[model_name, config]})
+                        "samples_s": samples[model_name, config],
+                        "switch_step_samples_s": switch_samples[model_name, config]})
     predict(results, trainers)
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
