@@ -2,7 +2,7 @@
 
     python -m benchmarks.calibration_benchmark [--hosts=4] [--models=cnn,vit] [--rates=1gbit,none]
         [--modes=first_step,between_steps] [--runs=5] [--seconds_per_step=0.5]
-        [--compressor_config=dragonn_0.01] [--pin_cpus] [--out_dir=benchmarks/results] [--name=calibration_benchmark]
+        [--compressor_config=dragonn_0.01] [--nopin_cpus] [--out_dir=benchmarks/results] [--name=calibration_benchmark]
 
 Needs root (benchmarks/cluster.py). For each run, model, rate and mode (interleaved: every model,
 rate and mode once before the next run), one `horovodrun` job on --hosts emulated hosts, one worker
@@ -48,7 +48,8 @@ flags.DEFINE_list("models", ["cnn", "vit"], "Models of examples/models.py.")
 flags.DEFINE_list("rates", ["1gbit", "none"], "Link rates per host ('none': unshaped).")
 flags.DEFINE_list("modes", ["first_step", "between_steps"], "When the exchange calibrates: on its first call "
                   "(first_step), or in pieces between calls (between_steps).")
-flags.DEFINE_bool("pin_cpus", False, "Run host i's processes on CPU (i - 1) mod the CPUs usable (benchmarks/cluster.py).")
+flags.DEFINE_bool("pin_cpus", True, "Run host i's processes on CPU (i - 1) mod the CPUs usable, as each host of a real "
+                  "cluster computes on its own (benchmarks/cluster.py); --nopin_cpus lets them share all CPUs.")
 flags.DEFINE_integer("runs", 5, "Fresh calibrations per model, rate and mode.")
 flags.DEFINE_float("seconds_per_step", 0.5, "between_steps: calibrate_step's seconds after each call.")
 flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")

@@ -86,6 +86,33 @@ def test_allreduce_at_one_gbit_is_shaped_to_the_ring_model(hosts):
     pytest.fail(f"fastest allreduce / ring model at {hosts} hosts: {fastest}, never below 1.8")
 
 
+def test_pinned_hosts_take_the_usable_cpus_in_turn():
+    usable = sorted(os.sched_getaffinity(0))
+    cluster = cl.Cluster(hosts=2 * len(usable) + 1, pin_cpus=True)
+    assert cluster.cpus == usable * 2 + usable[:1]
+    assert cl.Cluster(hosts=3).cpus is None
+    with pytest.raises(ValueError, match="pin_cpus"):
+        cl.Cluster(hosts=2, pin_cpus="yes")
+
+
+@needs_cluster
+def test_every_host_runs_on_its_pinned_cpu():
+    """Host 1's horovodrun (and rank 0, which it starts itself) and the ranks it starts over ssh
+    on the other hosts all run on their host's CPU alone."""
+    with cl.Cluster(hosts=3, rate="none", pin_cpus=True) as cluster:
+        done = cluster.run(cluster.horovodrun_args() + [
+            sys.executable, "-c", "import os; "
+            "print('rank', os.environ['HOROVOD_RANK'], sorted(os.sched_getaffinity(0)))"],
+            capture=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    seen = {}
+    for line in done.stdout.splitlines():
+        if "rank " in line:
+            rank, cpus = line[line.index("rank ") + 5:].split(" ", 1)
+            seen[int(rank)] = json.loads(cpus)
+    assert seen == {rank: [cluster.cpus[rank]] for rank in range(3)}, done.stdout
+
+
 @needs_cluster
 def test_failing_command_tears_everything_down():
     with pytest.raises(subprocess.CalledProcessError):
