@@ -51,6 +51,11 @@ flags.DEFINE_string("json_out", None, "Write every setting's raw results to this
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _strategies(result: dict) -> str:
+    """The strategies of a configuration's plan, as the tables print them ('dense' without a plan)."""
+    return "+".join(result.get("strategies", ["dense"]))
+
+
 def _cpu_times() -> tuple:
     """(steal, total) jiffies of all CPUs since boot, from /proc/stat."""
     with open("/proc/stat") as f:
@@ -117,7 +122,7 @@ def _plan_against_horovod(by_setting: dict) -> str:
                 if run is None or horovod is None:
                     continue
                 paired = [a / b for a, b in zip(run["samples_s"], horovod["samples_s"])]
-                lines.append(f"| {setting} | {model} | {config} | {'+'.join(run.get('strategies', ['dense']))} | "
+                lines.append(f"| {setting} | {model} | {config} | {_strategies(run)} | "
                              f"{_trial_text(run.get('trials', []))} | {run['measured_s'] / horovod['measured_s']:.3f} | "
                              f"{statistics.median(paired):.3f} ({min(paired):.2f} to {max(paired):.2f}) |")
     return "\n".join(lines)
@@ -139,7 +144,7 @@ def summarise(by_setting: dict) -> tuple:
                 errors.append(abs(error))
             gbits = r["cluster"][2] * 8 / 1e9
             lines.append(f"| {setting} | {gbits:.2f} | {r['model']} | {r['config']} | "
-                         f"{'+'.join(r.get('strategies', ['dense']))} | {1e3 * r['measured_s']:.1f} | "
+                         f"{_strategies(r)} | {1e3 * r['measured_s']:.1f} | "
                          f"{1e3 * r['predicted_s']:.1f} | {100 * error:+.1f}% |")
     text = "\n".join(lines) + "\n\n" + _plan_against_horovod(by_setting)
     checks = {}
