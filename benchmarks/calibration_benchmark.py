@@ -178,8 +178,8 @@ def _launcher() -> None:
                               f"calibration {record['seconds']:.2f} s over {len(record['step_seconds'])} steps "
                               f"(at most {max(record['step_seconds'], default=0.0):.2f} s), c1 "
                               f"{1e9 * record['figures'][6]:.2f} ns, plan {record['plan']}", flush=True)
-    write_results(FLAGS.out_dir, FLAGS.name, {"hosts": FLAGS.hosts, "cpus": cluster.cpus,
-                                              "config": FLAGS.compressor_config, "seconds_per_step": FLAGS.seconds_per_step, "runs": runs},
+    write_results(FLAGS.out_dir, FLAGS.name, {"hosts": FLAGS.hosts, "cpus": cluster.cpus, "config": FLAGS.compressor_config,
+                                              "seconds_per_step": FLAGS.seconds_per_step, "runs": runs},
                   summarise(runs))
 
 

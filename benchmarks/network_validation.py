@@ -2,9 +2,9 @@
 
 It brings up an emulated cluster of --hosts hosts (2 by default; benchmarks/cluster.py: one
 network namespace per host, each with its own full-duplex link and, unless --nopin_cpus, its own CPU
-where the machine has enough: host i on CPU (i - 1) mod the CPUs), and for each network setting shapes every link to that
-rate (`tc ... tbf`; "unshaped" leaves them alone) and runs `benchmarks/network_worker.py` under
-`horovodrun -np <hosts> -H <hosts> --gloo --network-interface eth0`, one worker per host. The worker
+where the machine has enough: host i on CPU (i - 1) mod the CPUs), and for each network setting
+shapes every link to that rate (`tc ... tbf`; "unshaped" leaves them alone) and runs
+`benchmarks/network_worker.py` under `horovodrun -np <hosts> -H <hosts> --gloo --network-interface eth0`, one worker per host. The worker
 calibrates tfcomp on that network, interleaves the configurations round by round, and reports
 measured and predicted times per step (see its docstring). Calibration is not cached across
 settings (TFCOMP_CALIBRATION_CACHE=none): each setting is a different network.
@@ -185,8 +185,10 @@ def main(argv):
             print(f"{setting} ...", flush=True)
             by_setting[setting] = run_setting(cluster, setting)
     text, _ = summarise(by_setting)
+    pinned = f", pinned to CPUs {','.join(map(str, cluster.cpus))}" if cluster.cpus else ""
     header = (f"Network validation, {datetime.date.today()}, {platform.node()} ({os.cpu_count()} vCPUs), "
-              f"{FLAGS.hosts} workers on {FLAGS.hosts} emulated hosts{', pinned to CPUs ' + ','.join(map(str, cluster.cpus)) if FLAGS.pin_cpus else ''}, {FLAGS.rounds} interleaved rounds of {FLAGS.steps} steps (many_small: 3x the rounds, "
+              f"{FLAGS.hosts} workers on {FLAGS.hosts} emulated hosts{pinned}, {FLAGS.rounds} interleaved rounds of "
+              f"{FLAGS.steps} steps (many_small: 3x the rounds, "
               f"4x the steps), medians. Command: "
               f"`python -m benchmarks.network_validation --hosts={FLAGS.hosts} --settings={','.join(FLAGS.settings)} "
               f"--models={','.join(FLAGS.models)} --rounds={FLAGS.rounds} --steps={FLAGS.steps}"
