@@ -221,8 +221,7 @@ class Cluster:
         shutil.copy(os.path.join(keys, "client_key.pub"), os.path.join(keys, "authorized_keys"))
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege-separation directory
         for i, (name, address) in enumerate(zip(self.names, self.addresses)):
-            pinned = ["taskset", "-c", str(self.cpus[i])] if self.cpus else []
-            _sh(*pinned, SSHD, "-f", "/dev/null", "-h", os.path.join(keys, "host_key"),
+            _sh(*self._pinned(i), SSHD, "-f", "/dev/null", "-h", os.path.join(keys, "host_key"),
                 "-o", f"ListenAddress={address}", "-o", f"PidFile={os.path.join(self._tmp, name + '.sshd.pid')}",
                 "-o", f"AuthorizedKeysFile={os.path.join(keys, 'authorized_keys')}", "-o", "StrictModes=no",
                 "-o", "PasswordAuthentication=no", "-o", "PermitRootLogin=prohibit-password", "-o", "UsePAM=no",
@@ -236,6 +235,10 @@ class Cluster:
                     "  BatchMode yes\n  ConnectTimeout 10\n")
         for address in self.addresses:
             self._wait_for_ssh(address)
+
+    def _pinned(self, host_index: int) -> list:
+        """The prefix that runs a command on the CPU of host `host_index` + 1 (none unpinned)."""
+        return ["taskset", "-c", str(self.cpus[host_index])] if self.cpus else []
 
     def _wait_for_ssh(self, address: str) -> None:
         deadline = time.monotonic() + 20.0
@@ -288,8 +291,7 @@ class Cluster:
         if self._tmp is None:
             raise ClusterError("the cluster is not up: use it inside `with Cluster(...) as cluster:`")
         full_env = dict(os.environ, TFCOMP_HOSTS=self.hosts, **(env or {}))
-        pinned = ["taskset", "-c", str(self.cpus[0])] if self.cpus else []
-        process = subprocess.Popen(["ip", "netns", "exec", self.names[0], *pinned, *command], env=full_env,
+        process = subprocess.Popen(["ip", "netns", "exec", self.names[0], *self._pinned(0), *command], env=full_env,
                                    stdout=subprocess.PIPE if capture else None,
                                    stderr=subprocess.PIPE if capture else None, text=True,
                                    start_new_session=True)
