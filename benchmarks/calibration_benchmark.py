@@ -2,7 +2,8 @@
 
     python -m benchmarks.calibration_benchmark [--hosts=4] [--models=cnn,vit] [--rates=1gbit,none]
         [--modes=first_step,between_steps] [--runs=5] [--seconds_per_step=0.5]
-        [--compressor_config=dragonn_0.01] [--nopin_cpus] [--out_dir=benchmarks/results] [--name=calibration_benchmark]
+        [--compressor_config=dragonn_0.01] [--nopin_cpus] [--burst_ms=1] [--out_dir=benchmarks/results]
+        [--name=calibration_benchmark]
 
 Needs root (benchmarks/cluster.py). For each run, model, rate and mode (interleaved: every model,
 rate and mode once before the next run), one `horovodrun` job on --hosts emulated hosts, one worker
@@ -50,6 +51,7 @@ flags.DEFINE_list("modes", ["first_step", "between_steps"], "When the exchange c
                   "(first_step), or in pieces between calls (between_steps).")
 flags.DEFINE_bool("pin_cpus", True, "Run host i's processes on CPU (i - 1) mod the CPUs usable, as each host of a real "
                   "cluster computes on its own (benchmarks/cluster.py); --nopin_cpus lets them share all CPUs.")
+flags.DEFINE_float("burst_ms", 1.0, "Each link's token bucket, in milliseconds of its rate (benchmarks/cluster.py).")
 flags.DEFINE_integer("runs", 5, "Fresh calibrations per model, rate and mode.")
 flags.DEFINE_float("seconds_per_step", 0.5, "between_steps: calibrate_step's seconds after each call.")
 flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
@@ -165,7 +167,8 @@ def _launcher() -> None:
     runs = []
     cache_dir = tempfile.TemporaryDirectory()
     cache = os.path.join(cache_dir.name, "calibration.json") if FLAGS.cached else "none"
-    with cache_dir, Cluster(hosts=FLAGS.hosts, rate=None, pin_cpus=FLAGS.pin_cpus) as cluster:
+    with cache_dir, Cluster(hosts=FLAGS.hosts, rate=None, pin_cpus=FLAGS.pin_cpus,
+                            burst_seconds=FLAGS.burst_ms / 1e3) as cluster:
         for run in range(FLAGS.runs):
             for model in FLAGS.models:
                 for rate in FLAGS.rates:
@@ -178,7 +181,8 @@ def _launcher() -> None:
                               f"calibration {record['seconds']:.2f} s over {len(record['step_seconds'])} steps "
                               f"(at most {max(record['step_seconds'], default=0.0):.2f} s), c1 "
                               f"{1e9 * record['figures'][6]:.2f} ns, plan {record['plan']}", flush=True)
-    write_results(FLAGS.out_dir, FLAGS.name, {"hosts": FLAGS.hosts, "cpus": cluster.cpus, "config": FLAGS.compressor_config,
+    write_results(FLAGS.out_dir, FLAGS.name, {"hosts": FLAGS.hosts, "cpus": cluster.cpus, "burst_ms": FLAGS.burst_ms,
+                                              "config": FLAGS.compressor_config,
                                               "seconds_per_step": FLAGS.seconds_per_step, "runs": runs},
                   summarise(runs))
 

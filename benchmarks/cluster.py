@@ -11,7 +11,8 @@ Needs root. The layout (nothing touches the root namespace's network):
   - host i (1 .. N): namespace `<tag>-h<i>` with eth0 = 198.18.0.<i>/24 (the benchmarking range),
     joined to the bridge by a veth pair whose other end is port p<i> of br0;
   - each link shaped in both directions to --rate with `tc ... tbf` (host i's eth0 for what it sends,
-    port p<i> for what it receives), or unshaped with `--rate none`;
+    port p<i> for what it receives), its bucket 1 ms of the rate (`burst_seconds`), or unshaped with
+    `--rate none`;
   - with `pin_cpus`, host i's processes (its sshd and all it starts) on CPU (i - 1) mod the CPUs this
     process may use, so that up to that many hosts each compute on a CPU of their own, as real hosts do;
   - one sshd per host, listening on the host's address, with a host key and a client key made for
@@ -52,9 +53,20 @@ SUBNET = "198.18.0"
 SSHD = "/usr/sbin/sshd"
 NETNS_ETC = "/etc/netns"
 _TBF_LATENCY = "100ms"
-_MIN_BURST_BYTES = 256 * 1024
-_TIMER_HZ = 250  # tbf must be able to send a timer tick's worth of bytes at once
+_MIN_BURST_BYTES = 64 * 1024  # one GSO segment of the veth links
+# Each link's token bucket holds this many seconds of its rate (at least _MIN_BURST_BYTES): a transfer
+# after the link idled sends that much at once. With 4 ms (a 250 Hz tick, until 2026-11-27) the times
+# of 256 KiB to 16 MiB collectives at 1 and 2 Gbit/s were 36 to 69 % off an affine fit, with 1 ms 6 to
+# 30 % (BENCHMARKS.md, "The links' token bucket"; benchmarks/link_burst.py). A real NIC sends at its
+# rate from the first byte.
+DEFAULT_BURST_SECONDS = 1e-3
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def _checked_burst(burst_seconds) -> float:
+    if isinstance(burst_seconds, bool) or not isinstance(burst_seconds, (int, float)) or not 0 < burst_seconds <= 1:
+        raise ValueError(f"burst_seconds: {burst_seconds!r} is not a number of seconds in (0, 1]")
+    return float(burst_seconds)
 
 
 class ClusterError(RuntimeError):
@@ -148,8 +160,9 @@ def _terminate_on_sigterm(signum, frame):
 
 
 class Cluster:
-    """`hosts` emulated hosts with links of `rate` ('1gbit', ...; None or 'none': unshaped), each
-    host's processes on one CPU of its own where `pin_cpus` (`cpus[i]` is host i + 1's; None unpinned).
+    """`hosts` emulated hosts with links of `rate` ('1gbit', ...; None or 'none': unshaped) whose token
+    buckets hold `burst_seconds` of the rate, each host's processes on one CPU of its own where
+    `pin_cpus` (`cpus[i]` is host i + 1's; None unpinned).
 
         with Cluster(hosts=4, rate="1gbit") as cluster:
             cluster.run(cluster.horovodrun_args() + ["python", "train.py"])
@@ -158,11 +171,12 @@ class Cluster:
     Entering brings the cluster up (and tears down what it made if that fails); leaving tears it
     down. While it is up, SIGTERM raises SystemExit so the teardown runs."""
 
-    def __init__(self, hosts: int, rate=None, pin_cpus: bool = False):
+    def __init__(self, hosts: int, rate=None, pin_cpus: bool = False, burst_seconds: float = DEFAULT_BURST_SECONDS):
         if not isinstance(hosts, int) or not 1 <= hosts <= 250:
             raise ValueError(f"hosts: {hosts!r} is not a number of hosts from 1 to 250")
         if not isinstance(pin_cpus, bool):
             raise ValueError(f"pin_cpus: {pin_cpus!r} is not True or False")
+        self.burst_seconds = _checked_burst(burst_seconds)
         self.count = hosts
         usable = sorted(os.sched_getaffinity(0))
         self.cpus = [usable[i % len(usable)] for i in range(hosts)] if pin_cpus else None
@@ -260,16 +274,19 @@ class Cluster:
             self._previous_sigterm = None
 
     # Using it.
-    def set_rate(self, rate) -> None:
+    def set_rate(self, rate, burst_seconds: float | None = None) -> None:
         """Shapes every link, both directions, to `rate` (a string such as '10gbit', or bits per
-        second; None or 'none': unshaped), in place."""
+        second; None or 'none': unshaped), in place, with a token bucket of `burst_seconds` of the
+        rate (None: the cluster's `burst_seconds`, which this sets)."""
+        if burst_seconds is not None:
+            self.burst_seconds = _checked_burst(burst_seconds)
         bits = rate if isinstance(rate, (int, float)) or rate is None else parse_rate(rate)
         for i, name in enumerate(self.names, 1):
             for namespace, device in ((name, "eth0"), (self.switch, f"p{i}")):
                 if bits is None:
                     _sh("tc", "qdisc", "del", "dev", device, "root", namespace=namespace, check=False)
                 else:
-                    burst = max(_MIN_BURST_BYTES, int(bits / 8 / _TIMER_HZ))
+                    burst = max(_MIN_BURST_BYTES, int(bits / 8 * self.burst_seconds))
                     _sh("tc", "qdisc", "replace", "dev", device, "root", "tbf", "rate", f"{int(bits)}bit",
                         "burst", str(burst), "latency", _TBF_LATENCY, namespace=namespace)
         self.rate_bits = bits

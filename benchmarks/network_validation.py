@@ -16,7 +16,7 @@ hosts, 2 interleaved pairs of runs gave median errors of 6.3 and 3.7 % pinned, 1
 Needs root. Run from the repository root:
 
   python -m benchmarks.network_validation [--hosts=2] [--settings=unshaped,500mbit,1gbit,2gbit,5gbit,10gbit]
-      [--models=giant,many_small,cnn,vit] [--rounds=11] [--steps=6] [--nopin_cpus]
+      [--models=giant,many_small,cnn,vit] [--rounds=11] [--steps=6] [--nopin_cpus] [--burst_ms=1]
       [--markdown_out=benchmarks/results/network_validation.md]
 """
 
@@ -40,6 +40,7 @@ flags.DEFINE_list("settings", ["unshaped", "500mbit", "1gbit", "2gbit", "5gbit",
 flags.DEFINE_integer("hosts", 2, "Emulated hosts, one worker each.")
 flags.DEFINE_bool("pin_cpus", True, "Run host i's processes on CPU (i - 1) mod the CPUs usable, as each host of a real "
                   "cluster computes on its own (benchmarks/cluster.py); --nopin_cpus lets them share all CPUs.")
+flags.DEFINE_float("burst_ms", 1.0, "Each link's token bucket, in milliseconds of its rate (benchmarks/cluster.py).")
 flags.DEFINE_integer("rounds", 11, "Interleaved rounds per setting (the median is reported).")
 flags.DEFINE_integer("steps", 6, "Training steps per configuration per round.")
 flags.DEFINE_list("models", ["giant", "many_small", "cnn", "vit"], "Models to train (see benchmarks/network_worker.py).")
@@ -180,7 +181,7 @@ def main(argv):
     if reason:
         raise app.UsageError(reason)
     by_setting = {}
-    with Cluster(hosts=FLAGS.hosts, pin_cpus=FLAGS.pin_cpus) as cluster:
+    with Cluster(hosts=FLAGS.hosts, pin_cpus=FLAGS.pin_cpus, burst_seconds=FLAGS.burst_ms / 1e3) as cluster:
         for setting in FLAGS.settings:
             print(f"{setting} ...", flush=True)
             by_setting[setting] = run_setting(cluster, setting)
@@ -192,7 +193,7 @@ def main(argv):
               f"4x the steps), medians. Command: "
               f"`python -m benchmarks.network_validation --hosts={FLAGS.hosts} --settings={','.join(FLAGS.settings)} "
               f"--models={','.join(FLAGS.models)} --rounds={FLAGS.rounds} --steps={FLAGS.steps}"
-              f"{'' if FLAGS.pin_cpus else ' --nopin_cpus'}"
+              f"{'' if FLAGS.pin_cpus else ' --nopin_cpus'} --burst_ms={FLAGS.burst_ms:g}"
               f"{' --configs=' + ','.join(FLAGS.configs) if FLAGS.configs else ''}`\n\n")
     print(header + text)
     if FLAGS.markdown_out:

@@ -57,7 +57,7 @@ def test_bad_host_count_names_the_argument():
 @needs_cluster
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_allreduce_at_one_gbit_is_shaped_to_the_ring_model(hosts):
-    """Every link is shaped both ways to 1 Gbit/s, and a 32 MiB allreduce then takes the ring
+    """Every link is shaped both ways to 1 Gbit/s with a bucket of 1 ms (125 kB), and a 32 MiB allreduce then takes the ring
     model's 2 (K-1)/K S / rate: never less (less than 0.9x would mean traffic bypassing tbf), and
     less than what half the rate would give (1.8x: a link shaped twice, or to the wrong rate).
 
@@ -70,7 +70,7 @@ def test_allreduce_at_one_gbit_is_shaped_to_the_ring_model(hosts):
         for i, name in enumerate(cluster.names, 1):
             for namespace, device in ((name, "eth0"), (cluster.switch, f"p{i}")):
                 qdisc = cl._sh("tc", "qdisc", "show", "dev", device, namespace=namespace).stdout
-                assert "tbf" in qdisc and "rate 1Gbit" in qdisc, (namespace, device, qdisc)
+                assert "tbf" in qdisc and "rate 1Gbit" in qdisc and "burst 125000b" in qdisc, (namespace, device, qdisc)
         for _ in range(3):
             done = cluster.run(cluster.horovodrun_args() + [sys.executable, os.path.join(ROOT, "tests", "cluster_worker.py")],
                                capture=True, timeout=300)
@@ -84,6 +84,12 @@ def test_allreduce_at_one_gbit_is_shaped_to_the_ring_model(hosts):
             if fastest[-1] < 1.8:
                 return
     pytest.fail(f"fastest allreduce / ring model at {hosts} hosts: {fastest}, never below 1.8")
+
+
+@pytest.mark.parametrize("burst", [0, -1e-3, 2.0, "1ms", True, float("nan")])
+def test_bad_burst_names_the_argument(burst):
+    with pytest.raises(ValueError, match="burst_seconds"):
+        cl.Cluster(hosts=2, burst_seconds=burst)
 
 
 def test_pinned_hosts_take_the_usable_cpus_in_turn():
