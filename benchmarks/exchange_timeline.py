@@ -20,6 +20,7 @@ last --last_steps steps (after any re-plan by a check), and each check's figures
 exchange_timeline.md into --out_dir.
 """
 
+import dataclasses
 import json
 import sys
 import time
@@ -92,8 +93,7 @@ def _worker() -> None:
         measured = exchange.timeline.read()
         plan = exchange.plan
         ready = measured["ready_seconds"]
-        priced = planning.Plan(plan.buckets, plan.names, plan.compressor, plan.cluster,
-                               {p: ready[p] for b in plan.buckets for p in b.positions})
+        priced = dataclasses.replace(plan, ready={p: ready[p] for b in plan.buckets for p in b.positions})
         steps = np.diff(clock.ends)[timed_from - 1:]
         trial = exchange.trial.read() if exchange.trial is not None else None
         record[config] = {

@@ -104,9 +104,11 @@ def test_two_bucket_finish_overlaps_the_first_bucket_with_the_backward_pass():
 
 
 @pytest.mark.parametrize("workers", sorted(pv.P001["gains"]))
-def test_planning_gains_what_two_fp16_groups_gain(workers):
-    """001 Table 2: FP16 in two groups against one. make_plan, given the gradients' ready times and
-    at most two groups, gains what 001 measured; with more groups allowed, at least as much."""
+def test_planning_gains_at_least_what_two_fp16_groups_gain(workers):
+    """001 Table 2: FP16 in two groups against one. The exchange sends FP16's dense tensors one
+    allreduce each as they are ready, fused by Horovod, and make_plan, given the gradients' ready
+    times, prices them so (Horovod's replay): at least 001's gain of two groups over one (the
+    verdict itself is `two_bucket_finish`'s, paper_001)."""
     p = pv.P001
     sizes = pv._even_tensors(p["resnet101"], p["resnet101_tensors"])
     backward = p["resnet101_backward_s"]
@@ -123,9 +125,10 @@ def test_planning_gains_what_two_fp16_groups_gain(workers):
         return one / (forward + max(backward, planning.predicted_exchange_time(plan))), plan
 
     two, plan = gain(2)
-    assert len(plan.buckets) == 2
-    assert two == pytest.approx(p["gains"][workers], abs=pv.GAIN_TOLERANCE)
-    assert gain(8)[0] >= two
+    assert planning.predicted_exchange_time(plan) == pytest.approx(
+        cm.horovod_dense_finish(sizes, ready, cluster, element_bytes=fp16.dense_element_bytes))
+    assert two >= p["gains"][workers] - pv.GAIN_TOLERANCE
+    assert gain(8)[0] == pytest.approx(two)
 
 
 def test_main_prints_the_table_and_the_agreements(capsys):

@@ -318,7 +318,7 @@ def _exchange_probe(compressor, network: ClusterModel, collectives, buckets, str
     positions = iter(range(len(sizes)))
     plan = Plan(tuple(Bucket(tuple(next(positions) for _ in bucket), sum(bucket), strategy, StrategyTime(0.0, 0.0), 0.0)
                       for bucket in buckets),
-                {i: f"calibration_{i}" for i in range(len(sizes))}, compressor, network)
+                {i: f"calibration_{i}" for i in range(len(sizes))}, compressor, network, sizes=dict(enumerate(sizes)))
     step = StepGraph(compressor, ExchangeState(), collectives)
     variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
     gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]

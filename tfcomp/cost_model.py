@@ -49,6 +49,7 @@ __all__ = [
     "available_strategies",
     "compressed_iteration",
     "horovod_dense_finish",
+    "network_queue_end",
     "overlapped_dense_iteration",
     "strategy_time",
     "transfer_end",
@@ -247,30 +248,54 @@ def horovod_dense_finish(elements, ready_seconds, cluster: ClusterModel, *, elem
                          fusion_bytes: int = HOROVOD_FUSION_BYTES, cycle_seconds: float = HOROVOD_CYCLE_SECONDS) -> float:
     """When stock Horovod's dense allreduce of the gradients ends, relative to the start of the
     backward pass: 002's replay of its fusion buffer over the gradients' ready times (`elements`
-    and `ready_seconds` per gradient, in any order). Horovod's background loop wakes every
-    `cycle_seconds`; each time the network is free it fuses the gradients ready by then, in the
-    order they became ready, up to `fusion_bytes` (at least one), into one ring allreduce that also
-    pays `cluster.per_tensor` per gradient; until the last gradient is ready (the backward pass's
-    end) a transfer runs `cluster.overlap_slowdown` times slower."""
+    and `ready_seconds` per gradient, in any order), `network_queue_end` with one allreduce per
+    gradient and nothing else on the network; no earlier than the last gradient."""
     if len(elements) != len(ready_seconds):
         raise ValueError(f"need one ready time per gradient, got {len(ready_seconds)} for {len(elements)} gradients")
-    pairs = sorted(zip((float(t) for t in ready_seconds), (int(n) for n in elements)), key=lambda p: p[0])
-    ready, elements = [t for t, _ in pairs], [n for _, n in pairs]
-    k, free, i = cluster.workers, 0.0, 0
-    backward_end = ready[-1] if ready else 0.0
-    while i < len(elements):
-        aligned = math.ceil(ready[i] / cycle_seconds - 1e-9) * cycle_seconds if cycle_seconds > 0 else 0.0
-        start = max(free, ready[i], aligned)
-        fused, size = 0, 0
-        while i + fused < len(elements) and ready[i + fused] <= start and (
-                fused == 0 or size + element_bytes * elements[i + fused] <= fusion_bytes):
-            size += element_bytes * elements[i + fused]
-            fused += 1
-        bookkeeping = fused * cluster.per_tensor if k > 1 else 0.0
-        free = transfer_end(start, ring_allreduce(size, k, cluster.allreduce) + bookkeeping, backward_end,
-                            cluster.overlap_slowdown)
-        i += fused
-    return max(free, ready[-1] if ready else 0.0)
+    ready = [float(t) for t in ready_seconds]
+    backward_end = max(ready, default=0.0)
+    dense = [(t, element_bytes * int(n), 1) for t, n in zip(ready, elements)]
+    return max(network_queue_end(dense, [], cluster, backward_end, fusion_bytes=fusion_bytes,
+                                 cycle_seconds=cycle_seconds), backward_end)
+
+
+def network_queue_end(dense, collectives, cluster: ClusterModel, backward_end: float, *,
+                      fusion_bytes: int = HOROVOD_FUSION_BYTES, cycle_seconds: float = HOROVOD_CYCLE_SECONDS) -> float:
+    """When the last of these Horovod operations ends (0 where there are none), run one at a time in
+    the order they become ready, as Horovod's background loop runs them:
+
+      dense: (ready seconds, bytes, tensors) per dense allreduce submitted (one per gradient, as
+        Horovod's optimizer and tfcomp's dense buckets send them). The loop wakes every
+        `cycle_seconds`; each time the network is free it fuses the allreduces ready by then, in
+        the order they became ready, up to `fusion_bytes` (at least one), into one ring allreduce
+        that also pays `cluster.per_tensor` per tensor;
+      collectives: (ready seconds, seconds on the network) of other collectives (compressed
+        buckets' grouped collectives), each run alone once ready and the network free.
+
+    Until `backward_end` a dense transfer runs `cluster.overlap_slowdown` times slower."""
+    k = cluster.workers
+    per_tensor = cluster.per_tensor if k > 1 else 0.0
+    dense = sorted(dense, key=lambda d: d[0])
+    collectives = sorted(collectives, key=lambda c: c[0])
+    free, i, j = 0.0, 0, 0
+    while i < len(dense) or j < len(collectives):
+        if i < len(dense) and (j == len(collectives) or dense[i][0] <= collectives[j][0]):
+            ready = dense[i][0]
+            aligned = math.ceil(ready / cycle_seconds - 1e-9) * cycle_seconds if cycle_seconds > 0 else 0.0
+            start = max(free, ready, aligned)
+            fused, size, tensors = 0, 0, 0
+            while i + fused < len(dense) and dense[i + fused][0] <= start and (
+                    fused == 0 or size + dense[i + fused][1] <= fusion_bytes):
+                size += dense[i + fused][1]
+                tensors += dense[i + fused][2]
+                fused += 1
+            free = transfer_end(start, ring_allreduce(size, k, cluster.allreduce) + tensors * per_tensor, backward_end,
+                                cluster.overlap_slowdown)
+            i += fused
+        else:
+            free = max(free, collectives[j][0]) + collectives[j][1]
+            j += 1
+    return free
 
 
 UNMEASURED = Network(0.0, 1e15)  # a network nobody measured: transfers on it take (almost) no time

@@ -62,8 +62,9 @@ class Bucket:
 class Plan:
     """Buckets in the order they are formed, the tensor names by position, what it was made from,
     when each gradient is ready (seconds from the exchange's first gradient; {}: all at once, after
-    the backward pass), and, for a plan that compresses, the buckets of the best plan that does not
-    (what it was found faster than; a trial's dense arm and a dropped plan run them)."""
+    the backward pass), for a plan that compresses, the buckets of the best plan that does not
+    (what it was found faster than; a trial's dense arm and a dropped plan run them), and each
+    tensor's elements (by which its dense allreduce is priced; {}: a dense bucket is priced as one)."""
 
     buckets: tuple
     names: dict
@@ -71,6 +72,7 @@ class Plan:
     cluster: cm.ClusterModel
     ready: dict = dataclasses.field(default_factory=dict)  # {position: seconds}; absent: 0
     dense_buckets: tuple = ()  # the best all-dense buckets for `ready` (); (): these buckets, dense
+    sizes: dict = dataclasses.field(default_factory=dict)  # {position: float32 elements}
 
     def digest(self) -> int:
         """A 63-bit hash of everything that decides what the exchange runs (equal on all ranks)."""
@@ -172,12 +174,13 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     before the backward pass ends, so the search weighs the overlap a dense bucket gets against what
     compressing saves. Every candidate (each number of groups, and the best all-dense plan the plan
     is compared with) is priced by `predicted_exchange_time`, the function that prices the final
-    plan; neighbouring dense buckets are merged only where that is not slower.
+    plan, which prices dense tensors one by one as Horovod sends them; neighbouring dense buckets are
+    merged (they price alike either way).
 
     Tensors of fewer than `compressor.min_elements` elements are always sent dense (DRAGONN 004
     Sec. 4.2: small tensors are not what limits scaling, and sparsifying them starves biases and
     normalisation gains of updates); the search buckets the others, and the small ones go in dense
-    buckets of their own, merged with dense neighbours where that is not slower.
+    buckets of their own, merged with dense neighbours.
     """
     _check_cluster(cluster)
     tensors = list(tensors)
@@ -186,11 +189,12 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     ready = _checked_ready(ready_seconds, len(tensors))
     names = {p: name for p, name, _ in tensors}
     ready_by_position = {p: t for (p, _, _), t in zip(tensors, ready)} if any(ready) else {}
+    sizes = {p: n for p, _, n in tensors}
     strategies = (compressor.strategy,) if compressor.strategy else cm.available_strategies(compressor)
 
     def search(kept, allowed) -> Plan:
         members = [(t, r) for t, r in zip(tensors, ready) if kept(t)]
-        context = ([t for t, _ in members], names, ready_by_position)
+        context = ([t for t, _ in members], names, ready_by_position, sizes)
         return _search(context, [r for _, r in members], allowed, compressor, cluster, max_groups, min_gain)
 
     def compressible(tensor) -> bool:
@@ -221,13 +225,13 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
 
 def _search(context, ready, strategies, compressor, cluster, max_groups: int, min_gain: float) -> Plan:
     """The best plan with `strategies`: Algorithm 2 walks y = 1, 2, ... over `_best_partitions`,
-    each priced by `predicted_exchange_time` once its dense neighbours are merged, and stops when one
+    each priced by `predicted_exchange_time` with its dense neighbours merged, and stops when one
     more group no longer helps by `min_gain`."""
-    tensors, names, ready_by_position = context
+    tensors, names, ready_by_position, sizes = context
     candidates = _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups)
 
     def plan_of(y: int) -> Plan:
-        return _merge_neighbours(Plan(tuple(candidates[y]), names, compressor, cluster, ready_by_position))
+        return _merge_neighbours(Plan(tuple(candidates[y]), names, compressor, cluster, ready_by_position, sizes=sizes))
 
     best = plan_of(1)
     best_time = predicted_exchange_time(best)
@@ -297,21 +301,17 @@ def _dense_bucket(bucket, compressor, cluster):
 
 
 def _merge_neighbours(plan: Plan) -> Plan:
-    """Neighbouring dense buckets merged into one where the plan is then not slower (with no ready
-    times always: dense allreduces ready together go as one anyway); kept apart where the first
-    one's overlap with the backward pass pays (001's two buckets against one)."""
+    """Neighbouring dense buckets merged into one. The exchange sends each dense tensor by its own
+    allreduce as soon as it is ready, fused by Horovod (a dense bucket only prices its tensors), and
+    `predicted_exchange_time` prices them so: merged or apart, the plan's time is the same."""
     merged = []
     for b in plan.buckets:
         if merged and merged[-1].strategy == "dense" == b.strategy:
             last = merged[-1]
-            joined = _dense_bucket(Bucket(last.positions + b.positions, last.elements + b.elements, "dense",
-                                          last.predicted, 0.0), plan.compressor, plan.cluster)
-            apart = dataclasses.replace(plan, buckets=tuple(merged + [b]))
-            together = dataclasses.replace(plan, buckets=tuple(merged[:-1] + [joined]))
-            if predicted_exchange_time(together) <= predicted_exchange_time(apart):
-                merged[-1] = joined
-                continue
-        merged.append(b)
+            merged[-1] = _dense_bucket(Bucket(last.positions + b.positions, last.elements + b.elements, "dense",
+                                              last.predicted, 0.0), plan.compressor, plan.cluster)
+        else:
+            merged.append(b)
     return dataclasses.replace(plan, buckets=tuple(merged))
 
 
@@ -321,7 +321,7 @@ def dense_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
     _check_cluster(cluster)
     bucket = Bucket(tuple(p for p, _, _ in tensors), sum(n for _, _, n in tensors), "dense", None, 0.0)
     return Plan((_dense_bucket(bucket, compressor, cluster),) if tensors else (),
-                {p: name for p, name, _ in tensors}, compressor, cluster)
+                {p: name for p, name, _ in tensors}, compressor, cluster, sizes={p: n for p, _, n in tensors})
 
 
 def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
@@ -335,33 +335,41 @@ def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
         dense = cm.strategy_time("dense", elements, compressor, cluster)
         predicted = cm.strategy_time(strategy, elements, compressor, cluster, alone=False)
         buckets.append(Bucket((position,), elements, strategy, predicted, dense.total))
-    return Plan(tuple(buckets), {p: name for p, name, _ in tensors}, compressor, cluster)
+    return Plan(tuple(buckets), {p: name for p, name, _ in tensors}, compressor, cluster,
+                sizes={p: n for p, _, n in tensors})
 
 
 def predicted_exchange_time(plan: Plan) -> float:
     """Seconds from the exchange's first gradient until its last reduced gradient, as the exchange
     runs the plan, given when each gradient is ready (`plan.ready`; all at 0: the whole exchange
-    after the backward pass, and this is the sum of its parts).
+    after the backward pass).
 
-    Each dense bucket is one allreduce that may start once its last gradient is ready; the
-    compressed buckets of one strategy share one grouped collective, which starts once all of them
-    are encoded. Encoding and decoding (`predicted.compression`) run on the device that computes
-    the backward pass, so they add to it: they are priced after its last gradient, one group after
-    another (on 2 emulated hosts of this machine's CPU, a compressed bucket encoded during the
-    backward pass made it longer by about as much). An AR-Topk group pays one broadcast per bucket. Collectives run one
-    at a time in the order they become ready (Horovod's background loop), dense allreduces that are
-    ready when the network frees up go as one (its fusion: latency paid once), every tensor put in
-    a collective adds the per-tensor bookkeeping, a transfer during the backward pass takes
-    `cluster.overlap_slowdown` times longer until the pass ends, and what compressing costs once per
-    step (`cluster.compression_fixed`) comes last. The exchange ends no earlier than the last gradient."""
+    The dense buckets' tensors go as Horovod's optimizer sends them, one allreduce each as soon as
+    it is ready, fused by Horovod's background loop (a dense bucket is a price, not a wait for its
+    last tensor; where `plan.sizes` lacks its tensors, it is priced as one allreduce once its last
+    is ready); the compressed buckets of one strategy share one grouped collective, which starts
+    once all of them are encoded. Encoding and decoding (`predicted.compression`) run on the device
+    that computes the backward pass, so they add to it: they are priced after its last gradient,
+    one group after another (on 2 emulated hosts of this machine's CPU, a compressed bucket encoded
+    during the backward pass made it longer by about as much). An AR-Topk group pays one broadcast
+    per bucket. All of it is one queue of collectives (`tfcomp.cost_model.network_queue_end`, the
+    replay that prices plain Horovod too), every tensor put in a collective adds the per-tensor
+    bookkeeping, and what compressing costs once per step (`cluster.compression_fixed`) comes last.
+    The exchange ends no earlier than the last gradient."""
     cluster, k, compressor = plan.cluster, plan.cluster.workers, plan.compressor
     per_tensor = cluster.per_tensor if k > 1 else 0.0
 
     def ready_of(bucket) -> float:
         return max(plan.ready.get(p, 0.0) for p in bucket.positions)
 
-    dense = [(ready_of(b), compressor.dense_element_bytes * b.elements, len(b.positions))
-             for b in plan.buckets if b.strategy == "dense"]
+    dense = []  # (ready, bytes, tensors) per allreduce the exchange submits
+    for b in plan.buckets:
+        if b.strategy != "dense":
+            continue
+        if all(p in plan.sizes for p in b.positions):
+            dense += [(plan.ready.get(p, 0.0), compressor.dense_element_bytes * plan.sizes[p], 1) for p in b.positions]
+        else:
+            dense.append((ready_of(b), compressor.dense_element_bytes * b.elements, len(b.positions)))
     groups = {}
     for b in plan.compressed:
         groups.setdefault(b.strategy, []).append(b)
@@ -372,21 +380,7 @@ def predicted_exchange_time(plan: Plan) -> float:
         computing += sum(b.predicted.compression for b in buckets)
         network = _group_communication(strategy, [b.elements for b in buckets], compressor, cluster)
         collectives.append((computing, network + cm.WIRE_TENSORS * len(buckets) * per_tensor))
-    dense.sort()
-    collectives.sort()
-    free = 0.0
-    while dense or collectives:
-        if dense and (not collectives or dense[0][0] <= collectives[0][0]):
-            start = max(free, dense[0][0])
-            fused = [d for d in dense if d[0] <= start]
-            dense = dense[len(fused):]
-            seconds = cm.ring_allreduce(sum(d[1] for d in fused), k, cluster.allreduce) + per_tensor * sum(
-                d[2] for d in fused)
-            free = cm.transfer_end(start, seconds, backward_end, cluster.overlap_slowdown)
-        else:
-            ready, seconds = collectives.pop(0)
-            free = max(free, ready) + seconds
-    end = max([free] + list(plan.ready.values()))
+    end = max(cm.network_queue_end(dense, collectives, cluster, backward_end), backward_end)
     return end + (cluster.compression_fixed if plan.compressed else 0.0)
 
 
