@@ -19,8 +19,9 @@ runs while the backward pass computes beside it is fitted to a measured exchange
 
 `per_tensor_plan` is the plan with planning="off": one bucket per tensor; `dense_plan` the plan
 of an exchange whose calibration runs between its first training steps: everything dense.
-`predicted_exchange_time` prices a plan as the exchange runs it (one grouped collective per compressed strategy, dense
-allreduces in the order they are ready, fused where they are ready together); the search uses it too.
+`predicted_exchange_time` prices a plan as the exchange runs it (one grouped collective per compressed
+strategy, one allreduce per dense tensor from when it is ready, fused by Horovod's loop: the replay
+that prices plain Horovod); the search uses it too.
 `tfcomp.planner` compares plans across ranks; `PlanMismatchError` is what it raises on every rank.
 """
 
