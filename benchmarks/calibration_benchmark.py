@@ -74,15 +74,13 @@ def _worker() -> None:
     import tensorflow as tf
 
     import tfcomp
-    from benchmarks.tta_configs import MODEL_OPTIMIZERS, make_compression
-    from examples.models import build_model
+    from benchmarks.tta_configs import compressor_and_model
     from tfcomp import calibration, planning
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    compressor, _ = make_compression(FLAGS.compressor_config, MODEL_OPTIMIZERS[FLAGS.calibrated_model][0])
-    model = build_model(FLAGS.calibrated_model, (28, 28, 1), 10)
+    compressor, model = compressor_and_model(FLAGS.compressor_config, FLAGS.calibrated_model)
     variables = model.trainable_variables
     rng = np.random.default_rng(hvd.rank())
     gradients = [tf.constant(rng.standard_normal(v.shape).astype(np.float32)) for v in variables]

@@ -39,16 +39,14 @@ def _worker() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from benchmarks.tta_configs import MODEL_OPTIMIZERS, make_compression
-    from examples.models import build_model
+    from benchmarks.tta_configs import compressor_and_model
     from tfcomp import calibration
     from tfcomp.collectives import HorovodCollectives
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    compressor, _ = make_compression(FLAGS.compressor_config, MODEL_OPTIMIZERS[FLAGS.measured_model][0])
-    model = build_model(FLAGS.measured_model, (28, 28, 1), 10)
+    compressor, model = compressor_and_model(FLAGS.compressor_config, FLAGS.measured_model)
     sizes = [int(v.shape.num_elements()) for v in reversed(model.trainable_variables)]
     process_set = hvd.global_process_set
     network = calibration.finish(calibration._measure_networks(process_set, sum(sizes)))
@@ -102,10 +100,9 @@ def _launcher() -> None:
                 jobs.append({"model": model, "job": job, "c1": c1})
                 print(f"job {job} {model}: " + "; ".join(f"{kind} {', '.join(f'{1e9 * c:.2f}' for c in values)} ns"
                                                          for kind, values in c1.items()), flush=True)
-        cpus = cluster.cpus
     write_results(FLAGS.out_dir, "compression_cost_noise",
-                  {"hosts": FLAGS.hosts, "rate": FLAGS.rate, "cpus": cpus, "burst_ms": 1e3 * cluster.burst_seconds,
-                   "config": FLAGS.compressor_config, "repeats": FLAGS.repeats, "jobs": jobs}, summarise(jobs))
+                  {"hosts": FLAGS.hosts, "rate": FLAGS.rate, "cpus": cluster.cpus,
+                   "burst_ms": 1e3 * cluster.burst_seconds, "config": FLAGS.compressor_config, "repeats": FLAGS.repeats, "jobs": jobs}, summarise(jobs))
 
 
 def main(argv):

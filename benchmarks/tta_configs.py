@@ -6,7 +6,8 @@ import horovod.tensorflow.keras as hvd
 
 import tfcomp
 
-__all__ = ["CONFIGS", "MODEL_OPTIMIZERS", "MOMENTUM", "REFERENCE_BATCH", "learning_rate", "make_compression"]
+__all__ = ["CONFIGS", "MODEL_OPTIMIZERS", "MOMENTUM", "REFERENCE_BATCH", "compressor_and_model", "learning_rate",
+           "make_compression"]
 
 MOMENTUM = 0.9
 REFERENCE_BATCH = 32  # per worker, the batch of MODEL_OPTIMIZERS' rates
@@ -47,3 +48,13 @@ def make_compression(config: str, optimizer: str):
         raise ValueError(f"--config: {config!r} is not one of {', '.join(CONFIGS)} (or <sparsifier>_<ratio>, "
                          "intquant_<bits>, <sparsifier>_<ratio>_partitioned)")
     return _SPARSIFIERS[name](float(parameter), strategy=forced, **correction), True
+
+
+def compressor_and_model(config: str, model: str):
+    """(compressor, Keras model) of the calibration benchmarks: `config`'s compression for `model`'s
+    optimizer (`make_compression`), and `examples.models`' `model` for Fashion-MNIST's 28x28x1
+    images and 10 classes."""
+    from examples.models import build_model
+
+    compressor, _ = make_compression(config, MODEL_OPTIMIZERS[model][0])
+    return compressor, build_model(model, (28, 28, 1), 10)
