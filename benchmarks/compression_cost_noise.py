@@ -4,19 +4,14 @@
         [--jobs=4] [--repeats=3] [--compressor_config=dragonn_0.01] [--out_dir=benchmarks/results]
 
 Needs root (benchmarks/cluster.py). Calibration prices compression at c0 + c1 * elements, fitted to
-exchange probes that run the real collective, less the collective's modelled time
-(`tfcomp.calibration.measure_compression` with Horovod's collectives). Issue 13 asks for c1 to
-spread at most 20 % over five fresh calibrations. To tell the probes' noise from the machine's,
-each job (one `horovodrun` on --hosts pinned emulated hosts, one TensorFlow thread a worker)
-measures the networks once, then --repeats times in turn:
-
-  - "compute alone": the same probes with `LocalCollectives` (no communication, nothing subtracted),
-    every rank at once; the median of the ranks' c1 (as calibration agrees its figures);
-  - "with the network": the probes as calibration runs them (the ranks' median).
-
-Rank 0 reports both; the launcher the spread ((max - min) / median) within each job and over all
-jobs. Where compute alone spreads as much as calibration's figure, no probe design can make c1
-steadier than the work it measures. Writes compression_cost_noise.json and .md into --out_dir.
+exchange probes with stand-in collectives, every rank at once, each call after a barrier, the ranks'
+median (`tfcomp.calibration.measure_compression` with the process set). Issue 13 asks for c1 to
+spread at most 20 % over five fresh calibrations. To tell the noise within a job from the noise
+between jobs, each job (one `horovodrun` on --hosts pinned emulated hosts, one TensorFlow thread a
+worker) measures c1 --repeats times, as calibration does. Rank 0 reports them; the launcher the
+spread ((max - min) / median) within each job and over all jobs. Writes compression_cost_noise.json
+and .md into --out_dir. (Results of commit 210c981 and before also have "with the network": the
+probes then ran the real collectives, less their modelled time.)
 """
 
 import json
@@ -27,37 +22,28 @@ from absl import app, flags
 
 from benchmarks.tables import write_results
 
-__all__ = ["spread", "summarise"]
+__all__ = ["KIND", "spread", "summarise"]
 
 FLAGS = flags.FLAGS
 
-KINDS = ("compute alone", "with the network")
+KIND = "as calibration measures it"
 
 
 def _worker() -> None:
     import horovod.tensorflow as hvd
-    import numpy as np
     import tensorflow as tf
 
     from benchmarks.tta_configs import compressor_and_model
     from tfcomp import calibration
-    from tfcomp.collectives import HorovodCollectives
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     compressor, model = compressor_and_model(FLAGS.compressor_config, FLAGS.measured_model)
     sizes = [int(v.shape.num_elements()) for v in reversed(model.trainable_variables)]
-    process_set = hvd.global_process_set
-    network = calibration.finish(calibration._measure_networks(process_set, sum(sizes)))
-    c1 = {kind: [] for kind in KINDS}
-    for repeat in range(FLAGS.repeats):
-        alone = calibration.measure_compression(compressor, hvd.size(), sum(sizes), tensor_elements=sizes)
-        ranks = hvd.allgather(tf.constant([alone.encode_decode.c1], tf.float64), name=f"noise_c1_{repeat}").numpy()
-        c1["compute alone"].append(float(np.median(ranks)))
-        shared = calibration.measure_compression(compressor, hvd.size(), sum(sizes), network,
-                                                 HorovodCollectives(process_set), sizes)
-        c1["with the network"].append(shared.encode_decode.c1)
+    c1 = {KIND: [calibration.measure_compression(compressor, hvd.size(), sum(sizes), sizes,
+                                                 process_set=hvd.global_process_set).encode_decode.c1
+                 for _ in range(FLAGS.repeats)]}
     if hvd.rank() == 0:
         with open(FLAGS.json_out, "w") as f:
             json.dump(c1, f)
@@ -69,11 +55,12 @@ def spread(values) -> float:
 
 
 def summarise(jobs: list) -> str:
-    """A Markdown table of c1 per model and kind: each job's values and spread, and all jobs'."""
+    """A Markdown table of c1 per model and kind (the keys of the jobs' "c1"): each job's values and
+    spread, and all jobs'."""
     lines = ["| model | c1 of | each job's, ns per element (spread) | all jobs: median (min to max) | spread over all |",
              "|---|---|---|---|---:|"]
     for model in dict.fromkeys(j["model"] for j in jobs):
-        for kind in KINDS:
+        for kind in dict.fromkeys(k for j in jobs if j["model"] == model for k in j["c1"]):
             per_job = [[1e9 * c for c in j["c1"][kind]] for j in jobs if j["model"] == model]
             every = [c for values in per_job for c in values]
             cells = "; ".join(f"{', '.join(f'{c:.2f}' for c in values)} ({100 * spread(values):.0f} %)"
@@ -118,7 +105,7 @@ def _define_flags() -> None:
     flags.DEFINE_string("rate", "1gbit", "Link rate per host and direction, or 'none'.")
     flags.DEFINE_list("models", ["cnn", "vit"], "Models of examples/models.py.")
     flags.DEFINE_integer("jobs", 4, "Fresh jobs per model.")
-    flags.DEFINE_integer("repeats", 3, "Measurements of each kind per job, alternated.")
+    flags.DEFINE_integer("repeats", 3, "Measurements of c1 per job.")
     flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
     flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
     flags.DEFINE_string("measured_model", "cnn", "Worker: the model.")

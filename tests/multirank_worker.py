@@ -490,42 +490,27 @@ def check_planning(report):
     finally:
         tfcomp.calibration._measure = original_measure
 
-    # Rank 0's first network figures are those of a slow spell (1 s a collective): its compression
-    # probes cannot be explained by them, and every rank measures both once more.
-    network_measurements = []
+    # The compression probes on every rank at once (each call after a barrier), agreed: the same
+    # figures everywhere.
+    together = tfcomp.calibration.measure_compression(tfcomp.DRAGONN(0.01), hvd.size(), 2**16,
+                                                      process_set=hvd.global_process_set)
+    report["plan/probed_together"] = [together.encode_decode.c0, together.encode_decode.c1, *together[1:]]
+    if original_cache is None:
+        del os.environ[tfcomp.calibration.CACHE_ENV]
+    else:
+        os.environ[tfcomp.calibration.CACHE_ENV] = original_cache
 
-    def slow_spell_first_on_rank_0(*args, **kwargs):
-        model = yield from original_networks(*args, **kwargs)
-        network_measurements.append(1)
-        if hvd.rank() == 0 and len(network_measurements) == 1:
-            slow = tfcomp.cost_model.Network(1.0, model.allgather.bandwidth)
-            return dataclasses.replace(model, allreduce=slow, allgather=slow)
-        return model
-
-    tfcomp.calibration._measure_networks = slow_spell_first_on_rank_0
-    try:
-        exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.02))
-        exchange(grads, variables)
-        report["plan/network_measurements_after_slow_spell"] = len(network_measurements)
-        report["plan/after_slow_spell_cluster"] = exchange.plan.cluster.to_list()
-    finally:
-        tfcomp.calibration._measure_networks = original_networks
-        if original_cache is None:
-            del os.environ[tfcomp.calibration.CACHE_ENV]
-        else:
-            os.environ[tfcomp.calibration.CACHE_ENV] = original_cache
-
-    # Each rank's own compression figures, agreed: every cost the median of the ranks', explained rank 0's.
+    # Each rank's own compression figures, agreed: every cost the median of the ranks', fitted rank 0's.
     own_costs = rng.uniform(1e-9, 1e-3, size=7)
     own = tfcomp.calibration.CompressionFigures(
-        tfcomp.cost_model.AffineCost(*own_costs[:2]), *own_costs[2:5], explained=hvd.rank() == 0, complete=True,
+        tfcomp.cost_model.AffineCost(*own_costs[:2]), *own_costs[2:5], fitted=hvd.rank() == 0, complete=True,
         partitioned_per_slot=own_costs[5], artopk_per_slot=own_costs[6])
     agreed = tfcomp.calibration._median_over_ranks(own, hvd.global_process_set)
     report["plan/own_costs"] = own_costs.tolist()
     report["plan/agreed_costs"] = [agreed.encode_decode.c0, agreed.encode_decode.c1, agreed.per_tensor,
                                    agreed.merge_per_element, agreed.fixed, agreed.partitioned_per_slot,
                                    agreed.artopk_per_slot]
-    report["plan/agreed_flags"] = [agreed.explained, agreed.complete]
+    report["plan/agreed_flags"] = [agreed.fitted, agreed.complete]
 
     original_make_plan = tfcomp.planning.make_plan
 

@@ -41,9 +41,13 @@ def test_link_summary_reads_the_rate_and_the_spread_between_jobs():
 
 
 def test_compression_cost_spreads_within_and_between_jobs():
+    # Results of 210c981 and before had two kinds; the table follows whatever kinds the jobs hold.
     jobs = [{"model": "cnn", "job": 0, "c1": {"compute alone": [4e-9, 5e-9, 4.5e-9], "with the network": [3e-9] * 3}},
             {"model": "cnn", "job": 1, "c1": {"compute alone": [6e-9] * 3, "with the network": [3e-9, 3.3e-9, 3.6e-9]}}]
     assert compression_cost_noise.spread([4.0, 5.0, 4.5]) == pytest.approx(1 / 4.5)
     table = compression_cost_noise.summarise(jobs)
     assert "| cnn | compute alone | 4.00, 5.00, 4.50 (22 %); 6.00, 6.00, 6.00 (0 %) | 5.50 (4.00 to 6.00) | 36 % |" in table
     assert "| cnn | with the network | 3.00, 3.00, 3.00 (0 %); 3.00, 3.30, 3.60 (18 %) | 3.00 (3.00 to 3.60) | 20 % |" in table
+    assert "as calibration measures it" not in table
+    ours = compression_cost_noise.summarise([{"model": "vit", "job": 0, "c1": {compression_cost_noise.KIND: [2e-9, 2.2e-9]}}])
+    assert f"| vit | {compression_cost_noise.KIND} | 2.00, 2.20 (10 %) | 2.10 (2.00 to 2.20) | 10 % |" in ours

@@ -120,7 +120,7 @@ def test_measured_compression_is_a_positive_affine_fit(tensor_elements):
     assert fit.c1 > 0 and fit.c0 >= 0 and figures.per_tensor >= 0 and figures.merge_per_element >= 0
     assert figures.fixed >= 0
     assert fit(2**16) > fit(2**12)
-    assert figures.explained  # nothing communicated, nothing subtracted
+    assert figures.fitted
     # The partitioned and AR-Topk probes ran: a difference of medians of timings, exactly 0 only if
     # not measured (its sign and size are the machine's).
     assert figures.partitioned_per_slot != 0.0 and figures.artopk_per_slot != 0.0
@@ -129,30 +129,18 @@ def test_measured_compression_is_a_positive_affine_fit(tensor_elements):
             applied.compression_fixed) == tuple(figures)[:4]
 
 
-def test_compression_is_priced_at_whole_times_when_the_network_cannot_explain_them():
-    # A network measured in a slow spell: its modelled communication (over 1 s a collective) exceeds
-    # what the probes took, so subtracting it would price compression at 0.
-    slow = cm.Network(1.0, 1e6)
-    network = cm.ClusterModel(2, slow, slow, cm.AffineCost(0.0, 0.0))
-    figures = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16, network, LocalCollectives(2))
-    assert not figures.explained
-    fit = figures.encode_decode
-    assert fit.c1 > 0 and fit(2**20) + figures.fixed > 0 and figures.fixed < 1.0  # the probes' own times, not 0
-
-
 def test_lower_bounds_from_the_smallest_and_largest_probe(rng):
     small, largest = 2**12, 2**20
     fixed, slope = float(rng.uniform(1e-3, 3e-3)), float(rng.uniform(2e-9, 9e-9))
-    communication = {small: 4e-4, largest: 2e-3}
-    times = {n: fixed + slope * n + communication[n] + rng.uniform(-1e-6, 1e-6, 9) for n in (small, largest)}
-    lower = calibration._lower_bound_figures(times, communication, small, largest)
+    times = {n: fixed + slope * n + rng.uniform(-1e-6, 1e-6, 9) for n in (small, largest)}
+    lower = calibration._lower_bound_figures(times, small, largest)
     assert lower.encode_decode.c1 == pytest.approx(slope, rel=0.01)
     assert lower.fixed == pytest.approx(fixed, rel=0.01)
     assert (lower.encode_decode.c0, lower.per_tensor, lower.merge_per_element) == (0.0, 0.0, 0.0)
-    assert lower.explained and not lower.complete
-    # A network whose modelled communication is at least the largest probe's time explains nothing.
-    slow = {small: 1.0, largest: 1.0}
-    assert not calibration._lower_bound_figures(times, slow, small, largest).explained
+    assert lower.fitted and not lower.complete
+    # Times that do not grow with the size: not fitted (calibration then measures every probe).
+    flat = {small: times[largest], largest: times[small]}
+    assert not calibration._lower_bound_figures(flat, small, largest).fitted
 
 
 def _pieces_and_value(pieces) -> tuple:
@@ -251,17 +239,14 @@ def test_whole_times_that_do_not_grow_with_size_still_price_every_element(rng):
     # A machine so loaded that every probe took about 23 ms whatever its size (seen in CI; here
     # the larger ones a little less, so that the fitted slope is 0).
     sizes, times = probe_times(rng, lambda n: 0.024 - 1e-9 * n)
-    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=False, slots=SLOTS)
+    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
     largest = float(np.median(times[2**20]))
-    assert figures.encode_decode.c1 == pytest.approx(largest / 2**20)
+    assert figures.encode_decode.c1 == pytest.approx(largest / 2**20) and not figures.fitted
     assert figures.encode_decode(2**20) + figures.fixed >= largest  # an upper bound
-    # Explained times are fitted as they are: a slope of 0 is what the caller rejects.
-    explained = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=True, slots=SLOTS)
-    assert explained.encode_decode.c1 == 0.0
     # Times that do grow keep their fitted slope.
     sizes, times = probe_times(rng, lambda n: 0.002 + 1e-8 * n)
-    grown = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=False, slots=SLOTS)
-    assert grown.encode_decode.c1 == pytest.approx(1e-8, rel=0.1)
+    grown = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
+    assert grown.encode_decode.c1 == pytest.approx(1e-8, rel=0.1) and grown.fitted
 
 
 def test_merge_probe_is_the_gradients_own_tensors_where_they_fit():
@@ -284,7 +269,7 @@ def test_merge_cost_is_what_the_own_bucket_adds_beyond_its_per_tensor_costs(rng,
     sizes, times = probe_times(rng, lambda n: 0.001 + 1e-8 * n, tuple(tensors), extra)
     tensors_in_probe = calibration._PER_TENSOR_PROBE_TENSORS  # the per-tensor probe: that many tensors against one
     times["many"] = times[2**16] + (tensors_in_probe - 1) * per_tensor
-    figures = calibration._compression_figures(times, sizes, 2**20, tuple(tensors), explained=True, slots=SLOTS)
+    figures = calibration._compression_figures(times, sizes, 2**20, tuple(tensors), slots=SLOTS)
     assert figures.per_tensor == pytest.approx(per_tensor)
     assert figures.merge_per_element == pytest.approx(merge)
 
@@ -294,12 +279,12 @@ def test_other_strategies_are_priced_per_slot_by_what_they_add_to_the_allgathers
     allgather's at the largest size, per payload slot; signed (a strategy may save work); 0
     where they were not probed (compressors without them)."""
     sizes, times = probe_times(rng, lambda n: 0.001 + 1e-8 * n)
-    assert calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=True,
+    assert calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK,
                                             slots=SLOTS)[-2:] == (0.0, 0.0)
     added, saved = float(rng.uniform(1e-4, 1e-2)), float(rng.uniform(1e-4, 1e-3))
     times["partitioned"] = times[2**20] + added * rng.uniform(0.9, 1.1, times[2**20].size)
     times["artopk"] = times[2**20] - saved
-    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, explained=True, slots=SLOTS)
+    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
     assert figures.partitioned_per_slot == pytest.approx(added / SLOTS, rel=0.1)
     assert figures.artopk_per_slot == pytest.approx(-saved / SLOTS)
     model = figures.apply(calibration.ClusterModel.unpriced(4))

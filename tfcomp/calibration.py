@@ -9,16 +9,17 @@
     bookkeeping), from a graph of 64 one-element allreduces against one;
   * the compressor's encode+decode time as `c0 + c1 * elements` (plus per-tensor and per-merged-
     element costs), fitted to the times of compressed buckets in the exchange itself (accumulate
-    with the residual, encode, local decode, new residual, the real collective, decode of all K
-    workers' payloads) less the collective's modelled time, at sizes from 2^12 up to the largest
-    bucket (at most 2^22); the merge cost from a bucket of the gradients' own tensors
-    (`tensor_elements`) where they are few and small enough; for the sparsifiers, what the
-    partitioned allreduce's and AR-Topk's work (partition and owner sums; the values at one
-    owner's indices) adds to or saves from the allgather's (the decode of K payloads), per slot,
-    from the largest probe run with each. Where that modelled time does not fit
-    the measured ones (the network was measured in a slow spell), network and compression are
-    measured once more; if they still do not fit, compression is priced at the probes' whole times
-    (an upper bound);
+    with the residual, encode, local decode, new residual, decode of all K workers' payloads) with
+    stand-in collectives that send nothing (`LocalCollectives`: every worker's payload taken to be
+    this one's), every rank at once, at sizes from 2^12 up to the largest bucket (at most 2^22);
+    the merge cost from a bucket of the gradients' own tensors (`tensor_elements`) where they are
+    few and small enough; for the sparsifiers, what the partitioned allreduce's and AR-Topk's work
+    (partition and owner sums; the values at one owner's indices) adds to or saves from the
+    allgather's (the decode of K payloads), per slot, from the largest probe run with each. The
+    payloads' collectives are priced by the network figures alone. (Until 2026-11, the probes ran
+    the real collectives and their modelled time was subtracted: on 2 emulated hosts at 1 Gbit/s
+    that made c1 spread 74 to 89 % against 1 to 33 % for the same probes computing alone, and
+    come out 13 to 20 % low, BENCHMARKS.md);
   * in two stages: the smallest and the largest compression probe first, which bound the costs
     from below (every cost they cannot separate at 0). If the plan with those least costs is all
     dense (a network fast enough that compressing cannot pay), no further measurement could change
@@ -38,7 +39,8 @@ training the previous step's collectives synchronise the workers), the probes of
 interleaved round by round in three blocks, the block that lies furthest out left out (a slow
 spell of a shared machine), and the medians taken.
 
-Every rank measures (so that the figures include the contention of all workers computing at once);
+Every rank measures, each timed call started right after a barrier (so that the figures include
+the contention of all workers computing at once);
 each compression cost is the median of the ranks' (steadier than one rank's), the network figures
 rank 0's, and the whole broadcast, so every rank plans from the same numbers. The networks are
 measured by every job (the same hosts may be linked at another rate tomorrow). The compression
@@ -73,7 +75,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp.collectives import HorovodCollectives, LocalCollectives
+from tfcomp.collectives import LocalCollectives
 from tfcomp.compressors import DEFAULT_MIN_ELEMENTS, DEFAULT_TRIAL_STEPS, DEFAULT_UNION_LIMIT
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 from tfcomp.memory import ExchangeState
@@ -113,7 +115,6 @@ _MIN_LARGEST_PROBE = 2**20
 _OTHER_STRATEGY_PROBES = ("partitioned", "artopk")
 _TINY_BYTES = 4.0  # the tiny collectives send one float32
 _MIN_TRANSFER_SECONDS = 1e-6  # the least transfer time a fit accepts (a finite bandwidth)
-_MEASUREMENT_ATTEMPTS = 2  # network and compression measured again once when they do not fit together
 # Where compression's least costs predict less than this gain over dense, a compressor tried in
 # training is planned from them: the trial decides, and measuring the rest would not pay.
 _CLEAR_GAIN = 1.5
@@ -308,49 +309,47 @@ def cost_settings(compressor):
     return probe
 
 
-def _exchange_probe(compressor, network: ClusterModel, collectives, buckets, strategy=None) -> tuple:
-    """(callable, modelled seconds): one exchange call, as one graph, whose plan is `buckets`
-    (lists of tensor sizes), each compressed with `strategy` (None: the compressor's own
-    collective), and the communication the cost model gives that plan on `network` (0 with
-    `LocalCollectives`, which send nothing)."""
+def _exchange_probe(compressor, workers: int, buckets, strategy=None):
+    """A callable that runs one exchange call, as one graph, whose plan is `buckets` (lists of
+    tensor sizes), each compressed with `strategy` (None: the compressor's own collective), its
+    collectives `LocalCollectives(workers)`: one worker's compression work in a cluster of
+    `workers`, the decode of all their payloads included, nothing sent."""
     strategy = strategy or ("allreduce" if compressor.collective == "allreduce" else "allgather")
     sizes = [n for bucket in buckets for n in bucket]
     positions = iter(range(len(sizes)))
     plan = Plan(tuple(Bucket(tuple(next(positions) for _ in bucket), sum(bucket), strategy, StrategyTime(0.0, 0.0), 0.0)
                       for bucket in buckets),
-                {i: f"calibration_{i}" for i in range(len(sizes))}, compressor, network, sizes=dict(enumerate(sizes)))
-    step = StepGraph(compressor, ExchangeState(), collectives)
+                {i: f"calibration_{i}" for i in range(len(sizes))}, compressor, ClusterModel.unpriced(workers),
+                sizes=dict(enumerate(sizes)))
+    step = StepGraph(compressor, ExchangeState(), LocalCollectives(workers))
     variables = [tf.Variable(tf.zeros([n]), name="calibration") for n in sizes]
     gradients = [tf.random.stateless_normal([n], seed=[11, n]) for n in sizes]
     runtime = step.create_state(plan, gradients, variables)
-    # With a network whose compression costs are 0, the plan's predicted time is its communication.
-    return _graph_call(lambda: step(plan, gradients, variables, runtime)), predicted_exchange_time(plan)
+    return _graph_call(lambda: step(plan, gradients, variables, runtime))
 
 
 class CompressionFigures(NamedTuple):
     """What compressing costs, in seconds: `encode_decode` c0 + c1 * elements per bucket,
     `per_tensor` for each tensor of a bucket, `merge_per_element` for each element of a bucket of
     more than one tensor, and `fixed` once per exchange with any compressed bucket (the fields of
-    `tfcomp.cost_model.ClusterModel` of those names). `explained`: whether the network figures
-    explained the probes' times; False when the communication they give the largest one-bucket
-    probe was at least its measured time, or the time less communication did not grow with the
-    size, and then the figures are fitted to the probes' whole times (an upper bound: the plan
-    leans to dense). (A small probe's compression is as short as the noise in the latency, so only
-    the largest is held to this.) `complete`: False for the lower bounds of `_lower_bound_figures`
-    (only the smallest and largest probes measured)."""
+    `tfcomp.cost_model.ClusterModel` of those names). `fitted`: whether the probes' times grew
+    with their size; False where they did not (a machine so loaded that the noise hid the work),
+    and then c1 is the largest probe's whole time per element (an upper bound: the plan leans to
+    dense). `complete`: False for the lower bounds of `_lower_bound_figures` (only the smallest
+    and largest probes measured)."""
 
     encode_decode: AffineCost
     per_tensor: float
     merge_per_element: float
     fixed: float
-    explained: bool = True
+    fitted: bool = True
     complete: bool = True
     partitioned_per_slot: float = 0.0
     artopk_per_slot: float = 0.0
 
     @classmethod
     def of(cls, cluster: ClusterModel, complete: bool = True) -> "CompressionFigures":
-        """The compression figures in `cluster` (explained: a cache keeps only explained ones)."""
+        """The compression figures in `cluster` (fitted: a cache keeps only fitted ones)."""
         return cls(cluster.encode_decode, cluster.compression_per_tensor, cluster.merge_per_element,
                    cluster.compression_fixed, True, complete, cluster.partitioned_per_slot, cluster.artopk_per_slot)
 
@@ -361,16 +360,16 @@ class CompressionFigures(NamedTuple):
                                    partitioned_per_slot=self.partitioned_per_slot, artopk_per_slot=self.artopk_per_slot)
 
 
-def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, explained: bool,
-                         slots: int) -> CompressionFigures:
-    """The figures from the probes' compression times ({name: float64 [rounds] seconds}, paired round
-    by round) as `measure_compression` describes them (`slots`: the largest probe's payload slots).
-    Unexplained (whole) times that do not grow with the size (a machine so loaded that the noise
-    hides the work) get the slope of the line from the origin to the largest probe, so that no
-    bucket's elements are priced at nothing."""
+def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, slots: int) -> CompressionFigures:
+    """The figures from the probes' times ({name: float64 [rounds] seconds}, paired round by round)
+    as `measure_compression` describes them (`slots`: the largest probe's payload slots). Times
+    that do not grow with the size (a machine so loaded that the noise hides the work) get the
+    slope of the line from the origin to the largest probe, so that no bucket's elements are priced
+    at nothing, and are not `fitted`."""
     small = sizes[0]
     single = AffineCost.fit(sizes, [np.median(seconds[n]) for n in sizes])
-    if not explained and single.c1 <= 0:
+    fitted = single.c1 > 0
+    if not fitted:
         single = AffineCost(single.c0, float(np.median(seconds[largest])) / largest)
     per_bucket = max(np.median(seconds["buckets"] - seconds[small]) / (_BUCKETS_PROBE_BUCKETS - 1) - single.c1 * small,
                      0.0)
@@ -382,65 +381,54 @@ def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, expl
     per_slot = {strategy: float(np.median(seconds[strategy] - seconds[largest])) / slots if strategy in seconds else 0.0
                 for strategy in _OTHER_STRATEGY_PROBES}
     return CompressionFigures(AffineCost(float(per_bucket), single.c1), float(per_tensor), float(merge), float(fixed),
-                              explained, True, per_slot["partitioned"], per_slot["artopk"])
+                              bool(fitted), True, per_slot["partitioned"], per_slot["artopk"])
 
 
-def _lower_bound_figures(times: dict, communication: dict, small: int, largest: int) -> CompressionFigures:
+def _lower_bound_figures(times: dict, small: int, largest: int) -> CompressionFigures:
     """What the smallest and the largest one-tensor probes alone tell ({size: float64 [rounds]
-    seconds}, the modelled communication {size: seconds} to subtract): c1 their slope and `fixed`
-    their intercept, so that one bucket of one tensor is priced as measured, and every cost they
-    cannot tell apart (c0 per bucket, per tensor, per merged element) at its least, 0, so that any
-    plan of more buckets or tensors is priced at most at its cost. Not `explained` where the
-    network's communication is at least the largest probe's time or the slope is not positive."""
-    seconds = {n: float(np.median(times[n] - communication[n])) for n in (small, largest)}
-    fit = AffineCost.fit([small, largest], [seconds[small], seconds[largest]])
-    explained = fit.c1 > 0 and float(np.median(times[largest])) > communication[largest]
-    return CompressionFigures(AffineCost(0.0, fit.c1), 0.0, 0.0, fit.c0, explained, complete=False)
+    seconds}): c1 their slope and `fixed` their intercept, so that one bucket of one tensor is
+    priced as measured, and every cost they cannot tell apart (c0 per bucket, per tensor, per
+    merged element) at its least, 0, so that any plan of more buckets or tensors is priced at most
+    at its cost. Not `fitted` where the slope is not positive."""
+    fit = AffineCost.fit([small, largest], [float(np.median(times[n])) for n in (small, largest)])
+    return CompressionFigures(AffineCost(0.0, fit.c1), 0.0, 0.0, fit.c0, bool(fit.c1 > 0), complete=False)
 
 
-def measure_compression(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
-                        collectives=None, tensor_elements=(), could_pay=None) -> CompressionFigures:
+def measure_compression(compressor, num_workers: int, max_elements: int, tensor_elements=(), could_pay=None,
+                        process_set=None) -> CompressionFigures:
     """`compression_pieces` run at once: the `CompressionFigures` it returns."""
-    return finish(compression_pieces(compressor, num_workers, max_elements, network, collectives, tensor_elements,
-                                     could_pay))
+    return finish(compression_pieces(compressor, num_workers, max_elements, tensor_elements, could_pay, process_set))
 
 
-def compression_pieces(compressor, num_workers: int, max_elements: int, network: ClusterModel = None,
-                       collectives=None, tensor_elements=(), could_pay=None):
+def compression_pieces(compressor, num_workers: int, max_elements: int, tensor_elements=(), could_pay=None,
+                       process_set=None):
     """A generator of calibration pieces (one probe made, one probe's first call, or one round of
     timed calls) that returns the `CompressionFigures` of the work of compressed buckets in the
-    exchange itself (accumulate, encode, local decode, residual, collective, decode of all
-    payloads), each probe one graph call, the probes interleaved.
-    With `collectives` (Horovod's, on every rank at once) and the calibrated `network`, a step's
-    real collective runs (after a barrier, as in training) and the cost model's communication time
-    is subtracted, so the figures include what training sees (both workers computing at once,
-    waiting for the slower one); without, `LocalCollectives(num_workers)`. Where that communication
-    does not fit the measured times (the network was measured in a slow spell), nothing is
-    subtracted and the figures say so (`explained` False). With Horovod's collectives, every cost
-    is the median of the ranks' and `explained` rank 0's (`_median_over_ranks`), the same on every rank.
+    exchange itself for `num_workers` workers (accumulate, encode, local decode, residual, decode
+    of all payloads), each probe one graph call with `LocalCollectives` (nothing sent: the network
+    figures price the collectives), the probes interleaved. With `process_set` (Horovod's, of
+    `num_workers` ranks, every one of them calling at once), each timed call starts right after a
+    barrier, so the figures include the contention of all workers computing at once as in
+    training, and every cost is the median of the ranks' and `fitted` rank 0's
+    (`_median_over_ranks`), the same on every rank.
 
     c1 is the slope of one-bucket calls of one tensor of 2^12, 2^16 and max_elements (at least
-    2^20, at most 2^22) elements (and the merge probe's total) and their intercept is c0 + fixed; c0 is what one more bucket in the same call
-    adds beyond its elements (4 small buckets against 1). Per tensor: 16 tensors of 2^12 elements
-    in one bucket against one tensor of 2^16 (short calls, so the difference of 15 per-tensor
-    costs stands out of the noise; merging 2^16 elements costs next to nothing). Per merged
-    element: one bucket of the gradients' own tensors (`tensor_elements`, ints in backprop order)
-    against one tensor of their total, less their per-tensor costs; where the gradients are too
-    few or too large for that (`_merge_probe`), the largest size as 8 tensors, measured at the size
-    of the largest bucket, where merging costs the most. For the sparsifiers, the largest size also
-    with the partitioned allreduce and with AR-Topk: what each adds to the allgather's probe (less
-    each one's modelled communication), per payload slot, signed.
+    2^20, at most 2^22) elements (and the merge probe's total) and their intercept is c0 + fixed;
+    c0 is what one more bucket in the same call adds beyond its elements (4 small buckets against
+    1). Per tensor: 16 tensors of 2^12 elements in one bucket against one tensor of 2^16 (short
+    calls, so the difference of 15 per-tensor costs stands out of the noise; merging 2^16 elements
+    costs next to nothing). Per merged element: one bucket of the gradients' own tensors
+    (`tensor_elements`, ints in backprop order) against one tensor of their total, less their
+    per-tensor costs; where the gradients are too few or too large for that (`_merge_probe`), the
+    largest size as 8 tensors, measured at the size of the largest bucket, where merging costs the
+    most. For the sparsifiers, the largest size also with the partitioned allreduce and with
+    AR-Topk: what each one's work adds to the allgather's probe, per payload slot, signed.
 
     With `could_pay` (a callable that every rank calls at once: given `_lower_bound_figures`,
     whether compression could pay with costs that low), the smallest and the largest probe are
     timed first; where it says no, those lower bounds are returned (`complete` False) and nothing
     more is measured: no further cost could make compression pay."""
     compressor = cost_settings(compressor)
-    if collectives is None:
-        collectives = LocalCollectives(num_workers)
-        network = ClusterModel.unpriced(num_workers)
-    network = dataclasses.replace(network, encode_decode=AffineCost(0.0, 0.0), compression_per_tensor=0.0,
-                                  merge_per_element=0.0, compression_fixed=0.0)
     largest = _largest_compression_probe(max_elements)
     merged = _merge_probe(largest, tensor_elements)
     sizes = sorted({_ENCODE_SIZES[0], _PER_TENSOR_PROBE_ELEMENTS, largest, sum(merged)})
@@ -452,10 +440,9 @@ def compression_pieces(compressor, num_workers: int, max_elements: int, network:
         plans[strategy] = [[largest]]
     probes = {}
     for name, buckets in plans.items():
-        probes[name] = _exchange_probe(compressor, network, collectives, buckets,
-                                       name if name in _OTHER_STRATEGY_PROBES else None)
+        probes[name] = _exchange_probe(compressor, num_workers, buckets, name if name in _OTHER_STRATEGY_PROBES else None)
         yield
-    barrier = _barrier(collectives.process_set) if isinstance(collectives, HorovodCollectives) else None
+    barrier = None if process_set is None else _barrier(process_set)
     # Short calls are noisy and cheap, long ones steadier and costly: each set its own rounds (the
     # differences taken below are of probes in the same set, paired round by round).
     long_rounds = min(_SHORT_PROBE_ROUNDS, max(_LONG_PROBE_ROUNDS, _LONG_PROBE_ROUNDS * _ENCODE_SIZES[-1] // largest))
@@ -463,36 +450,31 @@ def compression_pieces(compressor, num_workers: int, max_elements: int, network:
     def timed(names) -> dict:
         sets = []
         for long_calls, rounds in ((False, _SHORT_PROBE_ROUNDS), (True, long_rounds)):
-            chosen = {name: probes[name][0] for name in names
+            chosen = {name: probes[name] for name in names
                       if (sum(map(sum, plans[name])) >= _MIN_LARGEST_PROBE) == long_calls}
             sets += [(chosen, rounds)] if chosen else []
         return (yield from _without_outlying_block(sets, barrier))
 
-    agreed = ((lambda figures: _median_over_ranks(figures, collectives.process_set))
-              if isinstance(collectives, HorovodCollectives) else (lambda figures: figures))
+    agreed = (lambda figures: figures) if process_set is None else (
+        lambda figures: _median_over_ranks(figures, process_set))
     if could_pay is not None:
-        lower = agreed(_lower_bound_figures((yield from timed([small, largest])),
-                                            {n: probes[n][1] for n in (small, largest)}, small, largest))
+        lower = agreed(_lower_bound_figures((yield from timed([small, largest])), small, largest))
         if not could_pay(lower):
             return lower
     times = yield from timed(list(probes))
     slots = compressor.payload_length(largest) if hasattr(compressor, "payload_length") else largest
-    figures = _compression_figures({name: times[name] - communication for name, (_, communication) in probes.items()},
-                                   sizes, largest, merged, explained=True, slots=slots)
-    if not (figures.encode_decode.c1 > 0 and np.median(times[largest]) > probes[largest][1]):
-        figures = _compression_figures(times, sizes, largest, merged, explained=False, slots=slots)
-    return agreed(figures)
+    return agreed(_compression_figures(times, sizes, largest, merged, slots))
 
 
 def _median_over_ranks(figures: CompressionFigures, process_set) -> CompressionFigures:
     """The ranks' figures agreed: every cost the median of the ranks' (each rank times the probes
     on its own: over 8 calibrations in 2 jobs on 4 hosts of this machine, rank 0's per-element
     cost spread 44 % and the median of the 4 ranks' 18 %; between fresh jobs both spread as much
-    as the jobs' own speed, BENCHMARKS.md), `explained` rank 0's (its decisions follow it),
+    as the jobs' own speed, BENCHMARKS.md), `fitted` rank 0's (its decisions follow it),
     `complete` alike on every rank. Every rank of `process_set` must call it at once."""
     costs = [figures.encode_decode.c0, figures.encode_decode.c1, figures.per_tensor, figures.merge_per_element,
              figures.fixed, figures.partitioned_per_slot, figures.artopk_per_slot]
-    gathered = hvd.allgather(tf.constant([[*costs, float(figures.explained)]], tf.float64), process_set=process_set,
+    gathered = hvd.allgather(tf.constant([[*costs, float(figures.fitted)]], tf.float64), process_set=process_set,
                              name="tfcomp_calibration_compression_figures").numpy()
     c0, c1, per_tensor, merge, fixed, partitioned, artopk = (float(x) for x in np.median(gathered[:, :-1], axis=0))
     return CompressionFigures(AffineCost(c0, c1), per_tensor, merge, fixed, bool(gathered[0, -1]), figures.complete,
@@ -711,53 +693,42 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
     """A generator of calibration pieces that returns (this rank's figures, the CompressionFigures
     in them, whether those were measured now): every rank runs the same collectives in the same
     order. The networks are always measured (a link's rate can change from job to job on the same
-    hosts); the compression costs are taken
-    from `cached` (rank 0's CompressionFigures from the cache; a placeholder on the other ranks,
-    whose figures rank 0's replace) where it is complete, or where its lower bounds already make
-    the plan of `tensor_elements` all dense on this network; otherwise measured. When rank 0's
-    network figures do not explain its compressed probes' times (a slow spell while the network
-    was measured), every rank measures both once more, and keeps the second figures whatever they
-    are. Where rank 0's lower bounds of the compression costs already make the plan all dense,
-    those are the figures (`compression_pieces`'s `could_pay`). So they are where the compressor
-    is tried in training (`Compressor.tried_steps`) and even those least costs predict a gain
-    below `_CLEAR_GAIN`: the plan they make goes to the trial, which is a truer test of a small
-    gain than more probes."""
+    hosts); the compression costs are taken from `cached` (rank 0's CompressionFigures from the
+    cache; a placeholder on the other ranks, whose figures rank 0's replace) where it is complete,
+    or where its lower bounds already make the plan of `tensor_elements` all dense on this network;
+    otherwise measured. Where rank 0's lower bounds of the compression costs already make the plan
+    all dense, those are the figures (`compression_pieces`'s `could_pay`). So they are where the
+    compressor is tried in training (`Compressor.tried_steps`) and even those least costs predict
+    a gain below `_CLEAR_GAIN`: the plan they make goes to the trial, which is a truer test of a
+    small gain than more probes."""
+    network = yield from _measure_networks(process_set, max_elements)
     if available_strategies(compressor) == ("dense",):
-        return (yield from _measure_networks(process_set, max_elements)), None, False
-    collectives = HorovodCollectives(process_set)
+        return network, None, False
     tensors = [(i, f"gradient_{i}", int(n)) for i, n in enumerate(tensor_elements or [max_elements])]
-    for attempt in range(_MEASUREMENT_ATTEMPTS):
-        network = yield from _measure_networks(process_set, max_elements)
 
-        def could_pay(lower: CompressionFigures) -> bool:
-            """Rank 0's answer, on every rank: whether measuring the rest could change the plan: the
-            plan with compression at its least cost compresses (and, for a compressor tried in
-            training, gains at least _CLEAR_GAIN)."""
-            could = not lower.explained
-            if not could:
-                plan = make_plan(tensors, compressor, lower.apply(network))
-                gain = all_dense_time(plan) / max(predicted_exchange_time(plan), 1e-12)
-                could = bool(plan.compressed) and (compressor.tried_steps == 0 or gain >= _CLEAR_GAIN)
-            return _rank0_value(float(could), process_set) == 1.0
+    def could_pay(lower: CompressionFigures) -> bool:
+        """Rank 0's answer, on every rank: whether measuring the rest could change the plan: the
+        plan with compression at its least cost compresses (and, for a compressor tried in
+        training, gains at least _CLEAR_GAIN)."""
+        could = not lower.fitted
+        if not could:
+            plan = make_plan(tensors, compressor, lower.apply(network))
+            gain = all_dense_time(plan) / max(predicted_exchange_time(plan), 1e-12)
+            could = bool(plan.compressed) and (compressor.tried_steps == 0 or gain >= _CLEAR_GAIN)
+        return _rank0_value(float(could), process_set) == 1.0
 
-        if cached is not None and (cached.complete or not could_pay(cached)):
-            return cached.apply(network), cached, False
-        cached = None  # lower bounds that no longer rule compression out: measured below
-        figures = yield from compression_pieces(compressor, process_set.size(), max_elements, network, collectives,
-                                                tensor_elements, could_pay)
-        if not figures.complete:
-            if process_set.rank() == 0:
-                logging.info("tfcomp: calibration: compression cannot pay clearly on this network even at its least "
-                             "cost (%.2f ns per element, %.2f ms fixed): the plan is made from those least costs "
-                             "(dense, or tried in training), the other costs not measured",
-                             1e9 * figures.encode_decode.c1, 1e3 * figures.fixed)
-            break
-        if figures.explained:  # rank 0's, on every rank
-            break
-        if process_set.rank() == 0:
-            again = "measuring again" if attempt + 1 < _MEASUREMENT_ATTEMPTS else "compression priced at whole probe times"
-            logging.warning("tfcomp: calibration: the network figures do not explain the compressed probes' times; %s",
-                            again)
+    if cached is not None and (cached.complete or not could_pay(cached)):
+        return cached.apply(network), cached, False
+    figures = yield from compression_pieces(compressor, process_set.size(), max_elements, tensor_elements, could_pay,
+                                            process_set)
+    if process_set.rank() == 0 and not figures.complete:
+        logging.info("tfcomp: calibration: compression cannot pay clearly on this network even at its least "
+                     "cost (%.2f ns per element, %.2f ms fixed): the plan is made from those least costs "
+                     "(dense, or tried in training), the other costs not measured",
+                     1e9 * figures.encode_decode.c1, 1e3 * figures.fixed)
+    elif process_set.rank() == 0 and not figures.fitted:
+        logging.warning("tfcomp: calibration: the compression probes' times did not grow with their size (a loaded "
+                        "machine); compression is priced at the largest probe's whole time per element, not cached")
     return figures.apply(network), figures, True
 
 
@@ -800,7 +771,7 @@ def _calibration(compressor, process_set, max_elements: int, tensor_elements: tu
     if found:
         cached = CompressionFigures.of(entry[0] if entry is not None else ClusterModel.unpriced(workers), found == 2.0)
     model, figures, measured = yield from _measure(compressor, process_set, max_elements, tensor_elements, cached)
-    if measured and figures.explained and path and process_set.rank() == 0:
+    if measured and figures.fitted and path and process_set.rank() == 0:
         _write_cache(path, key, model, figures.complete)
     shared = hvd.broadcast(tf.constant(model.to_list(), tf.float64), 0, process_set=process_set,
                            name="tfcomp_calibration_figures").numpy()
