@@ -175,9 +175,13 @@ class Trainer:
             self._fit_overlap_slowdown()
 
     def _run_new_plan(self):
-        """Traces the step again for the exchange's new plan and runs it until its trial (if any) has decided."""
+        """Traces the step again for the exchange's new plan and runs it until its trial (if any) has
+        decided; where the plan is all dense, traces it again without the flush of residuals its
+        first step sent (`GradientExchange.settle`, as `tfcomp.keras.Replan` does)."""
         self.step = self._traced_step()
         self.run(2)
+        if self.exchange.settle():
+            self.step = self._traced_step()
         self._until_trial_decided()
 
     def _fit_overlap_slowdown(self):

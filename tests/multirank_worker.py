@@ -333,7 +333,7 @@ def check_dropped_plan(report):
 
     plain_steps("dropped_plan")
     # The plan compressing again (no trial), then an all-dense plan installed over its residuals, as
-    # a re-plan does: its first step sends them; the next re-plan installs it again without the flush.
+    # a re-plan does: its first step sends them; `settle` then installs it again without the flush.
     entry = exchange._install(exchange._last_key, compressing, entry.tensors, entry.signature, entry.specs,
                               entry.sources)
     entry.runtime.trial = exchange.trial = None
@@ -341,9 +341,10 @@ def check_dropped_plan(report):
     step()
     entry = exchange._install(exchange._last_key, compressing.all_dense(), entry.tensors, entry.signature,
                               entry.specs, entry.sources)
+    report["settled/before_flush"] = exchange.settle()  # its residuals not sent yet
     step()
     report["settled/before"] = [entry.runtime.residuals_sent, bool(entry.runtime.flush["plan"].numpy())]
-    report["settled/changed"] = exchange.replan()
+    report["settled/changed"] = exchange.settle()
     entry = exchange._plans[exchange._last_key]
     report["settled/runtime"] = [entry.runtime.trial is None, entry.runtime.residuals_sent, len(entry.plan.compressed)]
     plain_steps("settled")

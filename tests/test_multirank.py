@@ -192,6 +192,7 @@ def test_dense_plans_drop_the_flush_of_residuals_they_have_sent(reports):
     assert max(dropped["against_horovod"]) < FLOAT_TOLERANCE
     assert dropped["residual_left"] == [0.0] * size
     settled = values(reports, "settled")
+    assert settled["before_flush"] == [False] * size
     assert settled["before"] == [[False, False]] * size  # the flush in the step, nothing left to send
     assert settled["changed"] == [True] * size
     assert settled["runtime"] == [[True, True, 0]] * size

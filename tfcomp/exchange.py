@@ -566,6 +566,20 @@ class GradientExchange(tf.Module):
                       residuals_sent=residuals_sent and not chosen.compressed)
         return True
 
+    def settle(self) -> bool:
+        """Where the plan of the last list of gradients sends everything dense in every later step
+        (it is all dense, or its trial dropped it) and has sent every residual, but its step still
+        carries the trial's branch or the flush of residuals, installs that all-dense plan without
+        them and returns True: trace the step again. Else False (also while a trial is undecided,
+        and where the planner does not make the plan). Call it eagerly, on every rank at the same
+        step: one step after installing a plan that flushes residuals (an all-dense plan after a
+        re-plan flushes them in its first step), as `tfcomp.keras.Replan` does after each change;
+        otherwise the next `check_prediction` settles it."""
+        entry = self._replannable()
+        if entry is None:
+            return False
+        return self._settle(entry, entry.plan.all_dense() if self._plan_dropped() else entry.plan)
+
     def _settle(self, entry, running) -> bool:
         """Where every later step of `entry`'s plan sends everything dense (the plan is all dense, or
         its trial dropped it) and has sent every residual, but the step still carries the trial's

@@ -143,7 +143,9 @@ class Replan(tf.keras.callbacks.Callback):
         backward pass;
       * then every `check_every` steps, where the exchange's measured end departs from the
         prediction by more than `threshold` (`GradientExchange.check_prediction`: the overlap
-        slowdown fitted, or the cluster calibrated again), at most `max_replans` times.
+        slowdown fitted, or the cluster calibrated again), at most `max_replans` times;
+      * one step after each change, where the new plan sends everything dense and has flushed its
+        residuals, that plan without the flush (`GradientExchange.settle`).
 
     `calibrated_at`: the step (counted from 1) after which the deferred calibration finished (None:
     none finished); `replanned`: None until `after_steps`, then whether that re-plan changed the
@@ -181,6 +183,7 @@ class Replan(tf.keras.callbacks.Callback):
         self.replanned = None
         self.checks = []
         self._steps = 0  # steps since the deferred calibration finished (all steps where none ran)
+        self._settle_due = False  # the plan changed a step ago
         self._calibrating_steps = 0
 
     def _exchange(self):
@@ -196,6 +199,9 @@ class Replan(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         exchange = self._exchange()
+        if self._settle_due and exchange is not None and exchange.settle():
+            self.model.make_train_function(force=True)
+        self._settle_due = False
         if exchange is not None and exchange.calibration_pending:
             self._calibrating_steps += 1
             changed = exchange.calibrate_step(self.calibration_seconds_per_step)
@@ -203,6 +209,7 @@ class Replan(tf.keras.callbacks.Callback):
                 self.calibrated_at = self._calibrating_steps
             if changed:
                 self.model.make_train_function(force=True)
+            self._settle_due = changed
             return
         self._steps += 1
         since = self._steps - self.after_steps
@@ -220,3 +227,4 @@ class Replan(tf.keras.callbacks.Callback):
             changed = result["changed"]
         if changed:
             self.model.make_train_function(force=True)
+        self._settle_due = changed
