@@ -90,7 +90,8 @@ def _step_function(compressor, grads, workers: int):
     size = sum(int(np.prod(g.shape)) for g in grads)
     variables = [tf.Variable(tf.zeros(g.shape)) for g in grads]
     plan = Plan((Bucket(tuple(range(len(grads))), size, "allgather", StrategyTime(0.0, 0.0), 0.0),),
-                {i: f"gradient_{i}" for i in range(len(grads))}, compressor, ClusterModel.unpriced(workers))
+                {i: f"gradient_{i}" for i in range(len(grads))}, compressor, ClusterModel.unpriced(workers),
+                sizes={i: int(np.prod(g.shape)) for i, g in enumerate(grads)})
     step = StepGraph(compressor, ExchangeState(), LocalCollectives(workers))
     runtime = step.create_state(plan, grads, variables)
     return tf.function(lambda *g: tf.reshape(step(plan, list(g), variables, runtime)[0], [-1])[0], autograph=False)

@@ -209,7 +209,8 @@ def check_trial(report):
     compressor = tfcomp.DRAGONN(0.05)
     plan = Plan((Bucket((0,), sizes[0], "allgather", StrategyTime(0.0, 0.0), 0.0),
                  Bucket((1,), sizes[1], "dense", StrategyTime(0.0, 0.0), 0.0)),
-                {0: "compressed", 1: "dense"}, compressor, ClusterModel.unpriced(hvd.size()))
+                {0: "compressed", 1: "dense"}, compressor, ClusterModel.unpriced(hvd.size()),
+                sizes=dict(enumerate(sizes)))
     collectives = HorovodCollectives(hvd_tf.global_process_set)
     state = ExchangeState(hvd.rank(), hvd.size())
     step = StepGraph(compressor, state, collectives)
@@ -295,7 +296,7 @@ def check_dropped_plan(report):
     entry = exchange._plans[exchange._last_key]
     compressing = Plan((Bucket((0,), sizes[0], "allgather", StrategyTime(0.0, 0.0), 0.0),
                         Bucket((1, 2), sizes[1] + sizes[2], "dense", StrategyTime(0.0, 0.0), 0.0)),
-                       entry.plan.names, compressor, entry.plan.cluster)
+                       entry.plan.names, compressor, entry.plan.cluster, sizes=dict(enumerate(sizes)))
     entry = exchange._install(exchange._last_key, compressing, entry.tensors, entry.signature, entry.specs,
                               entry.sources)
     clock = tf.Variable(0.0, dtype=tf.float64)

@@ -817,7 +817,8 @@ def _one_bucket_step(compressor, shapes, workers: int = 2):
 
     sizes = [int(np.prod(s)) for s in shapes]
     plan = Plan((Bucket(tuple(range(len(shapes))), sum(sizes), "allgather", StrategyTime(0.0, 0.0), 0.0),),
-                {i: f"gradient_{i}" for i in range(len(shapes))}, compressor, ClusterModel.unpriced(workers))
+                {i: f"gradient_{i}" for i in range(len(shapes))}, compressor, ClusterModel.unpriced(workers),
+                sizes=dict(enumerate(sizes)))
     state = ExchangeState()
     step = StepGraph(compressor, state, LocalCollectives(workers))
     variables = [tf.Variable(tf.zeros([n])) for n in sizes]
@@ -949,7 +950,7 @@ def test_a_flushing_step_builds_its_reduction_once(rng, adam):
     sizes = [2000, 300]
     plan = Plan((Bucket((0,), sizes[0], "allgather", StrategyTime(0.0, 0.0), 0.0),
                  Bucket((1,), sizes[1], "dense", StrategyTime(0.0, 0.0), 0.0)),
-                {0: "compressed", 1: "dense"}, compressor, ClusterModel.unpriced(2))
+                {0: "compressed", 1: "dense"}, compressor, ClusterModel.unpriced(2), sizes=dict(enumerate(sizes)))
     state = ExchangeState(0, 2)
     step = StepGraph(compressor, state, LocalCollectives(2))
     variables = [tf.Variable(tf.zeros([n])) for n in sizes]

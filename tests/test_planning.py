@@ -55,7 +55,7 @@ def test_search_finds_the_best_partition_brute_force_finds(rng, trial):
         assert order == [p for p, _, _ in tensors]  # contiguous, in backprop order
     # Algorithm 2 keeps a candidate only where it is faster, and the plan is never slower than all dense.
     plan = planning.make_plan(tensors, compressor, model, max_groups=len(sizes), min_gain=0.0)
-    one_bucket = planning.Plan(tuple(partitions[1]), plan.names, compressor, model)
+    one_bucket = planning.Plan(tuple(partitions[1]), plan.names, compressor, model, sizes=plan.sizes)
     assert planning.predicted_exchange_time(plan) <= planning.predicted_exchange_time(one_bucket) * (1 + 1e-12)
     assert planning.predicted_exchange_time(plan) <= planning.all_dense_time(plan) * (1 + 1e-12)
     assert sorted(p for b in plan.buckets for p in b.positions) == list(range(len(sizes)))
@@ -162,9 +162,6 @@ def test_dense_tensors_overlap_the_backward_pass_as_horovod_sends_them(rng):
     assert [b.positions for b in plan.buckets] == [(3, 2, 1, 0)]
     one = cm.ring_allreduce(4 * 2**20, 2, model.allreduce)
     assert planning.predicted_exchange_time(plan) == pytest.approx(0.15 + one)
-    # Without the tensors' sizes a dense bucket is priced as one allreduce after its last tensor.
-    merged = planning.Plan((after.buckets[0],), plan.names, plan.compressor, model, plan.ready)
-    assert planning.predicted_exchange_time(merged) == pytest.approx(0.15 + cm.ring_allreduce(16 * 2**20, 2, model.allreduce))
     # An all-dense plan is priced by the same replay as plain Horovod, with fusion and cycle ticks.
     for _ in range(5):
         many = [int(n) for n in rng.integers(1, 2**21, 40)]
@@ -193,6 +190,18 @@ def test_digest_depends_on_buckets_strategies_and_compressor():
     assert base.digest() == again.digest()
     assert len({base.digest(), other_ratio.digest(), dense.digest()}) == 3
     assert 0 <= base.digest() < 2**63
+
+
+def test_a_plan_needs_every_tensors_elements(rng):
+    sizes = [int(n) for n in rng.integers(1, 2**20, 5)]
+    plan = planning.make_plan(backprop(sizes), tfcomp.DRAGONN(0.001), cluster(gbps=1.0))
+    assert plan.sizes == dict(enumerate(sizes))
+    position = int(rng.integers(len(sizes)))
+    with pytest.raises(ValueError, match=rf"sizes must give .* positions \[{position}\] without"):
+        dataclasses.replace(plan, sizes={p: n for p, n in plan.sizes.items() if p != position})
+    whole = planning.Bucket(tuple(range(len(sizes))), sum(sizes), "dense", cm.StrategyTime(0.0, 0.0), 0.0)
+    with pytest.raises(ValueError, match=f"bucket 0 has {sum(sizes)} elements, but sizes give its tensors {sum(sizes) + 1}"):
+        dataclasses.replace(plan, buckets=(whole,), sizes={**plan.sizes, position: sizes[position] + 1})
 
 
 def test_table_is_readable():
@@ -237,7 +246,7 @@ def test_fixed_compression_cost_is_paid_once_per_exchange(rng):
     assert cm.strategy_time("dense", 2**20, tfcomp.DRAGONN(0.001), costly).compression == 0.0
     plan = planning.per_tensor_plan(backprop([2**22, 2**22]), tfcomp.DRAGONN(0.001), costly)
     assert len(plan.compressed) == 2
-    same_with_free = planning.Plan(plan.buckets, plan.names, plan.compressor, free)
+    same_with_free = planning.Plan(plan.buckets, plan.names, plan.compressor, free, sizes=plan.sizes)
     assert planning.predicted_exchange_time(plan) == pytest.approx(
         planning.predicted_exchange_time(same_with_free) + fixed)
 

@@ -115,6 +115,9 @@ _MIN_LARGEST_PROBE = 2**20
 _OTHER_STRATEGY_PROBES = ("partitioned", "artopk")
 _TINY_BYTES = 4.0  # the tiny collectives send one float32
 _MIN_TRANSFER_SECONDS = 1e-6  # the least transfer time a fit accepts (a finite bandwidth)
+# In the cache key: compression probes computing alone (before: with the real collectives, less
+# their modelled time, which gave lower figures).
+_PROBE_METHOD = "compute alone"
 # Where compression's least costs predict less than this gain over dense, a compressor tried in
 # training is planned from them: the trial decides, and measuring the rest would not pay.
 _CLEAR_GAIN = 1.5
@@ -486,10 +489,11 @@ def cache_key(compressor, process_set, max_elements: int, tensor_elements=()) ->
     layout, TensorFlow's and tfcomp's versions, the compressor's `cost_settings`, and of `max_elements` (the
     gradients' size) and `tensor_elements` (their tensors' sizes), the probe sizes they give: these
     follow the size from 2^18 to 2^23 elements, and the merge probe is the tensors' own list
-    where `_merge_probe` takes it."""
+    where `_merge_probe` takes it; and how the probes measure (`_PROBE_METHOD`), so that figures
+    measured another way are measured again."""
     largest = _largest_compression_probe(max_elements)
     probes = (*_network_probe_elements(max_elements), largest, _merge_probe(largest, tensor_elements))
-    return _hashed_key(process_set, repr(cost_settings(compressor)), str(probes))
+    return _hashed_key(process_set, repr(cost_settings(compressor)), str(probes), _PROBE_METHOD)
 
 
 def cpu_allocator() -> str:

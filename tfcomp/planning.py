@@ -65,7 +65,8 @@ class Plan:
     when each gradient is ready (seconds from the exchange's first gradient; {}: all at once, after
     the backward pass), for a plan that compresses, the buckets of the best plan that does not
     (what it was found faster than; a trial's dense arm and a dropped plan run them), and each
-    tensor's elements (by which its dense allreduce is priced; {}: a dense bucket is priced as one)."""
+    tensor's float32 elements by position (`sizes`: every tensor of the buckets, adding up to each
+    bucket's elements; a dense tensor is priced by its own allreduce). ValueError otherwise."""
 
     buckets: tuple
     names: dict
@@ -74,6 +75,16 @@ class Plan:
     ready: dict = dataclasses.field(default_factory=dict)  # {position: seconds}; absent: 0
     dense_buckets: tuple = ()  # the best all-dense buckets for `ready` (); (): these buckets, dense
     sizes: dict = dataclasses.field(default_factory=dict)  # {position: float32 elements}
+
+    def __post_init__(self):
+        for i, b in enumerate(self.buckets):
+            missing = [p for p in b.positions if p not in self.sizes]
+            if missing:
+                raise ValueError(f"Plan: sizes must give the elements of every tensor of the buckets; bucket {i} "
+                                 f"has positions {missing[:8]} without")
+            if sum(self.sizes[p] for p in b.positions) != b.elements:
+                raise ValueError(f"Plan: bucket {i} has {b.elements} elements, but sizes give its tensors "
+                                 f"{sum(self.sizes[p] for p in b.positions)}")
 
     def digest(self) -> int:
         """A 63-bit hash of everything that decides what the exchange runs (equal on all ranks)."""
@@ -347,8 +358,7 @@ def predicted_exchange_time(plan: Plan) -> float:
 
     The dense buckets' tensors go as Horovod's optimizer sends them, one allreduce each as soon as
     it is ready, fused by Horovod's background loop (a dense bucket is a price, not a wait for its
-    last tensor; where `plan.sizes` lacks its tensors, it is priced as one allreduce once its last
-    is ready); the compressed buckets of one strategy share one grouped collective, which starts
+    last tensor); the compressed buckets of one strategy share one grouped collective, which starts
     once all of them are encoded. Encoding and decoding (`predicted.compression`) run on the device
     that computes the backward pass, so they add to it: they are priced after its last gradient,
     one group after another (on 2 emulated hosts of this machine's CPU, a compressed bucket encoded
@@ -363,14 +373,9 @@ def predicted_exchange_time(plan: Plan) -> float:
     def ready_of(bucket) -> float:
         return max(plan.ready.get(p, 0.0) for p in bucket.positions)
 
-    dense = []  # (ready, bytes, tensors) per allreduce the exchange submits
-    for b in plan.buckets:
-        if b.strategy != "dense":
-            continue
-        if all(p in plan.sizes for p in b.positions):
-            dense += [(plan.ready.get(p, 0.0), compressor.dense_element_bytes * plan.sizes[p], 1) for p in b.positions]
-        else:
-            dense.append((ready_of(b), compressor.dense_element_bytes * b.elements, len(b.positions)))
+    # (ready, bytes, tensors) per allreduce the exchange submits
+    dense = [(plan.ready.get(p, 0.0), compressor.dense_element_bytes * plan.sizes[p], 1)
+             for b in plan.buckets if b.strategy == "dense" for p in b.positions]
     groups = {}
     for b in plan.compressed:
         groups.setdefault(b.strategy, []).append(b)
