@@ -518,10 +518,10 @@ def check_planning(report):
 
     def different_on_rank_1(tensors, compressor, cluster, **kwargs):
         plan = original_make_plan(tensors, compressor, cluster, **kwargs)
-        if hvd.rank() == 1:  # rank 1 splits its first bucket off
+        if hvd.rank() == 1:  # rank 1 sends its first bucket another way
             first = plan.buckets[0]
-            alone = dataclasses.replace(first, positions=first.positions[:1], strategy="dense")
-            plan = dataclasses.replace(plan, buckets=(alone,) + plan.buckets)
+            other = dataclasses.replace(first, strategy="allgather" if first.strategy == "dense" else "dense")
+            plan = dataclasses.replace(plan, buckets=(other,) + plan.buckets[1:])
         return plan
 
     tfcomp.planning.make_plan = different_on_rank_1
