@@ -46,7 +46,7 @@ import threading
 import time
 
 __all__ = ["Cluster", "ClusterError", "cluster_unavailable_reason", "exit_unless_available", "horovodrun_executable",
-           "parse_rate"]
+           "interface_bytes", "parse_rate"]
 
 PREFIX = "tfc-"
 SUBNET = "198.18.0"
@@ -71,6 +71,18 @@ def _checked_burst(burst_seconds) -> float:
 
 class ClusterError(RuntimeError):
     """The emulated cluster could not be brought up."""
+
+
+def interface_bytes(device: str = "eth0", proc_net_dev: str = "/proc/net/dev") -> int:
+    """Received plus transmitted bytes of `device` so far, in this network namespace."""
+    with open(proc_net_dev, encoding="ascii") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        name, _, counters = line.partition(":")
+        if name.strip() == device:
+            fields = counters.split()
+            return int(fields[0]) + int(fields[8])
+    raise RuntimeError(f"no interface {device!r} in {proc_net_dev}")
 
 
 def parse_rate(rate) -> float | None:

@@ -26,6 +26,7 @@ import time
 from absl import app, flags
 
 from benchmarks.tables import write_results
+from benchmarks.timing import eager_barrier
 
 __all__ = ["fit", "summarise"]
 
@@ -49,19 +50,19 @@ def _worker() -> None:
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    one = tf.ones([1], tf.float32)
+    # Eager tensors, captured: a graph's own constants would be folded with the collective (timing.eager_barrier).
+    one, ones, splits = tf.ones([1], tf.float32), tf.ones([hvd.size()]), tf.ones([hvd.size()], tf.int32)
     graphs = {"allreduce": lambda: hvd.allreduce(one, op=hvd.Sum, name="latency_allreduce"),
               "allgather": lambda: hvd.allgather(one, name="latency_allgather"),
               "broadcast": lambda: hvd.broadcast(one, 0, name="latency_broadcast"),
               # One float32 to every worker (the hash-partitioned allreduce's first collective).
-              "alltoall": lambda: hvd.alltoall(tf.ones([hvd.size()]), splits=tf.ones([hvd.size()], tf.int32),
-                                               name="latency_alltoall")[0]}
+              "alltoall": lambda: hvd.alltoall(ones, splits=splits, name="latency_alltoall")[0]}
     calls = {name: tf.function(graph, autograph=False) for name, graph in graphs.items()}
-    barrier = tf.function(lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="latency_barrier"), autograph=False)
+    barrier = eager_barrier("latency_barrier")
     times = {name: [] for name in calls}
     for round_ in range(FLAGS.rounds + 3):
         for name, call in calls.items():
-            barrier().numpy()
+            barrier()
             start = time.perf_counter()
             call().numpy()
             if round_ >= 3:

@@ -31,6 +31,7 @@ import numpy as np
 from absl import app, flags
 
 from benchmarks.tables import markdown_table, write_results
+from benchmarks.timing import eager_barrier
 
 __all__ = ["affine_fit", "summarise"]
 
@@ -63,13 +64,13 @@ def _worker() -> None:
     calls = {("allreduce", 4): allreduce(4), ("allgather", 4): allgather(4)}
     calls.update({("allreduce", n): allreduce(n) for n in SIZES})
     calls.update({("allgather", n): allgather(n) for n in SIZES if n <= ALLGATHER_MAX_BYTES})
-    barrier = tf.function(lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="burst_barrier"), autograph=False)
+    barrier = eager_barrier("burst_barrier")
     for call in calls.values():
         call().numpy()
     times = {key: [] for key in calls}
     for _ in range(FLAGS.rounds):
         for key, call in calls.items():
-            barrier().numpy()
+            barrier()
             start = time.perf_counter()
             call().numpy()
             times[key].append(time.perf_counter() - start)

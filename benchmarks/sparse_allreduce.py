@@ -28,9 +28,11 @@ from pathlib import Path
 
 from absl import app, flags
 
+from benchmarks.cluster import interface_bytes
 from benchmarks.tables import write_results
+from benchmarks.timing import eager_barrier
 
-__all__ = ["interface_bytes", "summarise"]
+__all__ = ["summarise"]
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs the jobs; worker: one job.")
@@ -48,16 +50,6 @@ SIZES = (2**21, 2**18, 2**16)
 # (name, strategy, DRAGONN keyword arguments)
 STRATEGIES = (("allgather", "allgather", {}), ("partitioned", "partitioned", {}),
               ("partitioned lossless", "partitioned", {"union_limit": None}), ("AR-Topk", "artopk", {}))
-
-
-def interface_bytes(device: str = "eth0", proc_net_dev: str = "/proc/net/dev") -> int:
-    """Received plus transmitted bytes of `device` so far, in this network namespace."""
-    for line in Path(proc_net_dev).read_text().splitlines():
-        name, _, counters = line.partition(":")
-        if name.strip() == device:
-            fields = counters.split()
-            return int(fields[0]) + int(fields[8])
-    raise RuntimeError(f"no interface {device!r} in {proc_net_dev}")
 
 
 def _forced_compressors(ratio: float) -> dict:
@@ -92,7 +84,7 @@ def _worker() -> None:
     for name, compressor in compressors.items():
         plan = planning.per_tensor_plan(tensors, compressor, cm.ClusterModel.unpriced(workers))
         exchanges[name] = tf.function(tfcomp.GradientExchange(compressor, plan=plan), autograph=False)
-    barrier = tf.function(lambda: hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="sparse_barrier"), autograph=False)
+    barrier = eager_barrier("sparse_barrier")
 
     def gradients(step: int):
         shared = np.random.default_rng(step).standard_normal(sum(SIZES)).astype(np.float32)
@@ -105,7 +97,7 @@ def _worker() -> None:
     for round_ in range(FLAGS.rounds + 2):
         grads = gradients(round_)
         for name, exchange in exchanges.items():
-            barrier().numpy()
+            barrier()
             before = interface_bytes()
             start = time.perf_counter()
             [g.numpy() for g in exchange(grads, variables)]
@@ -115,7 +107,7 @@ def _worker() -> None:
                 times[name].append(elapsed)
                 traffic[name].append(moved)
         before = interface_bytes()
-        barrier().numpy()
+        barrier()
         barrier_traffic.append(interface_bytes() - before)
     # Every rank's traffic, averaged: the owners' shares differ.
     barrier_bytes = statistics.median(barrier_traffic)

@@ -6,7 +6,22 @@ import random
 import statistics
 import time
 
-__all__ = ["shuffled_medians"]
+__all__ = ["eager_barrier", "shuffled_medians"]
+
+
+def eager_barrier(name: str):
+    """A callable that returns once every Horovod rank has called it: a one-float allreduce named
+    `name`, run eagerly. Not a `tf.function` of an allreduce of a constant: Horovod's ops are not
+    marked stateful, so TensorFlow's constant folding runs such an allreduce once while it
+    optimizes the graph, and later calls return the folded value without communicating (2
+    emulated hosts: 0.14 to 0.2 ms a call, as a graph that communicates nothing, against 1 to 6 ms
+    for the same allreduce of a captured tensor; BENCHMARKS.md, "Horovod ops on constants are
+    folded")."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    zero = tf.zeros([1])
+    return lambda: hvd.allreduce(zero, op=hvd.Sum, name=name).numpy()
 
 
 def shuffled_medians(runs: dict, repeats: int, warmup: int) -> dict:

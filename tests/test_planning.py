@@ -116,7 +116,7 @@ def test_partitioned_allreduce_where_its_owner_budget_cuts_the_traffic(workers, 
     assert [b.strategy for b in plan.buckets] == [expected]
     net = cm.Network(0.0, 1.0)  # seconds = bytes
     k = compressor.payload_length(2**22)
-    ratio = cm.ring_allgather(8 * k, workers, net) / cm.partitioned_allreduce(compressor, [2**22], workers, net, net)
+    ratio = cm.ring_allgather(8 * k, workers, net) / cm.partitioned_allreduce(compressor, [2**22], workers, net)
     assert ratio == pytest.approx(k / (k / workers + math.ceil(k / workers) + 1))
 
 

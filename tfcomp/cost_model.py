@@ -176,18 +176,17 @@ def alltoall(bytes_per_worker: float, workers: int, network: Network) -> float:
     return (k - 1) * network.hop(bytes_per_worker / k)
 
 
-def partitioned_allreduce(compressor, bucket_elements, workers: int, alltoall_network: Network,
-                          allgather_network: Network) -> float:
+def partitioned_allreduce(compressor, bucket_elements, workers: int, network: Network) -> float:
     """The hash-partitioned sparse allreduce of buckets of `bucket_elements` float32 elements: an
     alltoall of every worker's k pairs (8 bytes each, k the payload's slots), then a ring allgather
-    of each owner's summed pairs (`compressor.owned_pairs`), plus its non-finite flag (one pair).
-    Calibration fits no alltoall network: the exchange prices it with the allreduce network, whose
-    per-call cost is nearer to Horovod's alltoall than the allgather's is (one float32 per worker on
-    the emulated cluster, unshaped, K = 2, 4, 8: alltoall 0.5, 1.0, 2.2 ms; allreduce 2.8, 3.0, 8.6 ms;
-    allgather 2.1, 4.4, 17.5 ms; BENCHMARKS.md)."""
+    of each owner's summed pairs (`compressor.owned_pairs`), plus its non-finite flag (one pair),
+    both on the allgather `network`. Calibration fits no alltoall network; Horovod's alltoall costs
+    a call at least what its allgather does (one float32 per worker on the emulated cluster,
+    unshaped, K = 2, 4, 8: alltoall 1.24, 4.32, 14.36 ms; allgather 1.14, 2.90, 11.54 ms; allreduce
+    1.18, 2.23, 6.92 ms; BENCHMARKS.md, "Horovod ops on constants are folded")."""
     pairs = sum(compressor.payload_length(n) for n in bucket_elements)
     owned = compressor.owned_pairs(pairs, workers)
-    return alltoall(8 * pairs, workers, alltoall_network) + ring_allgather(8 * owned + 8, workers, allgather_network)
+    return alltoall(8 * pairs, workers, network) + ring_allgather(8 * owned + 8, workers, network)
 
 
 def artopk_tree(index_bytes: float, value_bytes: float, workers: int, network: Network) -> float:
@@ -484,7 +483,7 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
     float per worker, its agreed scale; the exchange gathers all buckets' at once). artopk:
     broadcast of the owner's k int32 indices plus a ring (or, with tree=True, tree) allreduce of k
     float32 values, plus an allgather of one float per worker when the owner is the max-variance
-    worker (VAR). partitioned: `partitioned_allreduce`, its alltoall on the allreduce network.
+    worker (VAR). partitioned: `partitioned_allreduce`, on the allgather network.
     Each tensor in a collective adds cluster.per_tensor (a compressed bucket sends
     WIRE_TENSORS); each tensor of a compressed bucket adds cluster.compression_per_tensor to its
     compression, and merging more than one tensor costs cluster.merge_per_element per element
@@ -521,7 +520,7 @@ def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterMode
             communication += ring_allgather(4, k, cluster.allgather)
         return StrategyTime(communication + bookkeeping, compression)
     if strategy == "partitioned":
-        return StrategyTime(partitioned_allreduce(compressor, [elements], k, cluster.allreduce, cluster.allgather)
+        return StrategyTime(partitioned_allreduce(compressor, [elements], k, cluster.allgather)
                             + bookkeeping, compression)
     selected = 4 * compressor.payload_length(elements)
     reduce = tree_allreduce if tree else ring_allreduce

@@ -398,7 +398,7 @@ def _group_communication(strategy: str, elements: list, compressor, cluster: cm.
     if strategy == "allreduce":
         return cm.ring_allreduce(sum(compressor.payload_bytes(n) + 4 for n in elements), k, cluster.allreduce)
     if strategy == "partitioned":
-        return cm.partitioned_allreduce(compressor, elements, k, cluster.allreduce, cluster.allgather)
+        return cm.partitioned_allreduce(compressor, elements, k, cluster.allgather)
     selected = [4 * compressor.payload_length(n) for n in elements]
     seconds = sum(cm.broadcast(s, k, cluster.allgather) for s in selected)
     seconds += cm.ring_allreduce(sum(s + 4 for s in selected), k, cluster.allreduce)
