@@ -299,8 +299,15 @@ def slowed(plan, slowdown):
     return dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, overlap_slowdown=slowdown))
 
 
+SLOWDOWN_GRID = [cm.MAX_OVERLAP_SLOWDOWN ** (i / (planning.GRID_POINTS - 1)) for i in range(planning.GRID_POINTS)]
+
+
+def predicted(plan, slowdown):
+    return planning.predicted_exchange_time(slowed(plan, slowdown))
+
+
 def test_fitted_overlap_slowdown_reproduces_the_measured_exchange(rng):
-    overlapping = 0
+    overlapping = explained = 0
     for _ in range(20):
         sizes = [int(n) for n in rng.integers(2**14, 2**21, size=int(rng.integers(3, 9)))]
         backward = float(rng.uniform(0.02, 0.2))
@@ -311,26 +318,34 @@ def test_fitted_overlap_slowdown_reproduces_the_measured_exchange(rng):
         true_slowdown = float(rng.uniform(1.2, 10.0))
         measured = planning.predicted_exchange_time(slowed(plan, true_slowdown))
         fitted = planning.fit_overlap_slowdown(plan, measured)
-        # A slowdown that explains the measurement. Not always the least: the prediction is not
-        # strictly monotone in the slowdown (in 8 of 400 seeds the bisection ended above the true
-        # one, 3.8 % above in the one looked at), so only the explanation is asserted.
+        # The least slowdown on the grid (bisected within its step) whose prediction reaches the
+        # measurement. The prediction is neither monotone nor continuous in the slowdown (Horovod's
+        # fusion: a slower early transfer can fuse more of the later tensors), so it can land past
+        # the true slowdown or past the measurement; in most plans it does neither.
         assert 1.0 <= fitted <= cm.MAX_OVERLAP_SLOWDOWN
-        assert planning.predicted_exchange_time(slowed(plan, fitted)) == pytest.approx(measured, rel=1e-2)
-        # An exchange no slower than predicted needs no slowdown; one beyond any gets the greatest.
+        assert predicted(plan, fitted) >= measured
+        assert all(predicted(plan, s) < measured for s in SLOWDOWN_GRID if s < fitted - 1e-4)
+        explained += (fitted <= true_slowdown * SLOWDOWN_GRID[1]
+                      and predicted(plan, fitted) == pytest.approx(measured, rel=1e-3))
+        # An exchange no slower than predicted needs no slowdown.
         assert planning.fit_overlap_slowdown(plan, planning.predicted_exchange_time(plan) * 0.9) == 1.0
-        # Beyond any slowdown: the greatest, or 1 where no slowdown changes the prediction (nothing
-        # of the plan overlaps the backward pass).
-        overlaps = planning.predicted_exchange_time(slowed(plan, cm.MAX_OVERLAP_SLOWDOWN)) > \
-            planning.predicted_exchange_time(plan)
+        # Beyond any slowdown: the one on the grid predicting the latest end; 1 where none predicts
+        # later than 1 (nothing of the plan overlaps the backward pass).
+        latest = max(predicted(plan, s) for s in SLOWDOWN_GRID)
+        assert predicted(plan, planning.fit_overlap_slowdown(plan, 1e3)) == latest
+        overlaps = latest > predicted(plan, 1.0)
         overlapping += overlaps
-        assert planning.fit_overlap_slowdown(plan, 1e3) == (cm.MAX_OVERLAP_SLOWDOWN if overlaps else 1.0)
+        if not overlaps:
+            assert planning.fit_overlap_slowdown(plan, 1e3) == 1.0
     assert overlapping >= 10  # most random plans overlap: the greatest slowdown is checked
+    assert explained >= 15
     for bad in (math.nan, -0.1, math.inf):
         with pytest.raises(ValueError, match="measured_seconds must be finite seconds >= 0"):
             planning.fit_overlap_slowdown(plan, bad)
 
 
 def test_network_explaining_reproduces_the_measured_exchange_with_the_bandwidths_scaled(rng):
+    explained = faster = faster_measured = 0
     for _ in range(20):
         sizes = [int(n) for n in rng.integers(2**14, 2**21, size=int(rng.integers(1, 9)))]
         backward = float(rng.uniform(0.0, 0.2))
@@ -343,18 +358,28 @@ def test_network_explaining_reproduces_the_measured_exchange_with_the_bandwidths
                                     allgather=cm.Network(model.allgather.latency, model.allgather.bandwidth * true_factor))
         measured = planning.predicted_exchange_time(dataclasses.replace(plan, cluster=truth))
         network = planning.network_explaining(plan, measured)
-        assert planning.predicted_exchange_time(dataclasses.replace(plan, cluster=network)) == pytest.approx(measured, rel=1e-3)
+        # The least factor (on the grid, bisected within its step) whose prediction comes down to
+        # the measurement: neither monotone nor continuous (Horovod's fusion), so it can land past
+        # the true factor or below the measurement; in most plans it does neither.
+        found = planning.predicted_exchange_time(dataclasses.replace(plan, cluster=network))
+        assert found <= measured
+        explained += found == pytest.approx(measured, rel=1e-3)
         factor = network.allreduce.bandwidth / model.allreduce.bandwidth
         assert network.allgather.bandwidth / model.allgather.bandwidth == pytest.approx(factor)
         assert (network.allreduce.latency, network.encode_decode, network.workers) == \
             (model.allreduce.latency, model.encode_decode, model.workers)
-        # Slower than predicted: a slower network explains it; faster: a faster one.
-        assert (factor < 1.0) == (measured > planning.predicted_exchange_time(plan))
+        # Slower than predicted: a slower network explains it; faster: (nearly always) a faster one.
+        if measured > planning.predicted_exchange_time(plan):
+            assert factor < 1.0
+        else:
+            faster_measured += 1
+            faster += factor > 1.0
         # Beyond what any factor in range explains: the nearest bound.
         assert planning.network_explaining(plan, 1e6).allreduce.bandwidth == \
             pytest.approx(model.allreduce.bandwidth / planning.NETWORK_SCALE_RANGE)
         assert planning.network_explaining(plan, 0.0).allreduce.bandwidth == \
             pytest.approx(model.allreduce.bandwidth * planning.NETWORK_SCALE_RANGE)
+    assert explained >= 15 and faster >= faster_measured - 2
     for bad in (math.nan, -0.1, math.inf):
         with pytest.raises(ValueError, match="measured_seconds must be finite seconds >= 0"):
             planning.network_explaining(plan, bad)

@@ -437,13 +437,24 @@ def replacement(running: Plan, new: Plan, min_gain: float, *, compressing: bool 
     return new
 
 
+GRID_POINTS = 65  # `fit_overlap_slowdown` and `network_explaining` try this many values (odd: the middle
+#                   one, factor 1, is on `network_explaining`'s grid) before bisecting
+
+
 def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float = 1e-4) -> float:
-    """The `ClusterModel.overlap_slowdown` (in [1, cm.MAX_OVERLAP_SLOWDOWN]) with which
-    `predicted_exchange_time(plan)` comes to `measured_seconds`, the exchange's end measured with
+    """The least `ClusterModel.overlap_slowdown` (in [1, cm.MAX_OVERLAP_SLOWDOWN]) with which
+    `predicted_exchange_time(plan)` reaches `measured_seconds`, the exchange's end measured with
     `plan` run (its `ready` the measured ready times): 1 where the plan is predicted to end no
-    earlier than measured, or where no slowdown changes its prediction (nothing of it overlaps the
-    backward pass), the greatest where even that does not explain the measurement. Bisection: the
-    prediction grows with the slowdown."""
+    earlier than measured; where no slowdown explains the measurement, the one predicting the
+    latest end (1 where no slowdown changes the prediction: nothing of the plan overlaps the
+    backward pass).
+
+    The prediction is not monotone in the slowdown: a slower transfer during the backward pass can
+    let Horovod fuse more of the later dense tensors into one allreduce, paying fewer latencies. Nor
+    is it continuous: a fusion gained or lost is a jump, so the prediction reached can exceed the
+    measurement by about a tensor's latency. So the slowdowns are tried on a grid (`GRID_POINTS`,
+    evenly spaced in log) and the step before the first that reaches the measurement is bisected
+    to `tolerance`."""
     if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):
         raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
 
@@ -451,25 +462,36 @@ def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float =
         cluster = dataclasses.replace(plan.cluster, overlap_slowdown=slowdown)
         return predicted_exchange_time(dataclasses.replace(plan, cluster=cluster))
 
-    low, high = 1.0, cm.MAX_OVERLAP_SLOWDOWN
-    at_low, at_high = predicted(low), predicted(high)
-    if at_low >= measured_seconds or at_high == at_low:
-        return low  # no slowdown needed, or none would change the prediction (nothing overlaps)
-    if at_high <= measured_seconds:
-        return high
-    return _bisect(lambda slowdown: predicted(slowdown) < measured_seconds, low, high, tolerance)
+    grid = _log_grid(1.0, cm.MAX_OVERLAP_SLOWDOWN)
+    fitted = _first_reaching(lambda slowdown: predicted(slowdown) >= measured_seconds, grid, tolerance)
+    if fitted is None:
+        return max(grid, key=lambda slowdown: (predicted(slowdown), -slowdown))
+    return fitted
 
 
-def _bisect(answer_is_above, low: float, high: float, tolerance: float) -> float:
-    """The midpoint of the interval, narrowed from [low, high] to at most `tolerance` wide, where
-    `answer_is_above(x)` turns from True to False."""
-    while high - low > tolerance:
-        middle = 0.5 * (low + high)
-        if answer_is_above(middle):
-            low = middle
-        else:
-            high = middle
-    return 0.5 * (low + high)
+def _log_grid(low: float, high: float) -> list:
+    """`GRID_POINTS` values from `low` to `high` (both included, both > 0), evenly spaced in log."""
+    steps = GRID_POINTS - 1
+    return [low * (high / low) ** (i / steps) for i in range(steps)] + [high]
+
+
+def _first_reaching(reaches, grid: list, tolerance: float):
+    """Where `reaches(x)` first holds: the first point of `grid` (ascending) where it does, less the
+    step before it bisected to `tolerance` (the upper end of the last interval, where it holds);
+    None where it holds at no point of the grid."""
+    for index, x in enumerate(grid):
+        if reaches(x):
+            if index == 0:
+                return x
+            low, high = grid[index - 1], x
+            while high - low > tolerance:
+                middle = 0.5 * (low + high)
+                if reaches(middle):
+                    high = middle
+                else:
+                    low = middle
+            return high
+    return None
 
 
 _MAX_BANDWIDTH = cm.CLUSTER_LIMITS["allreduce.bandwidth"][1]
@@ -479,10 +501,14 @@ NETWORK_SCALE_RANGE = 64.0  # `network_explaining` scales the bandwidths by at m
 def network_explaining(plan: Plan, measured_seconds: float, tolerance: float = 1e-4) -> cm.ClusterModel:
     """`plan.cluster` with both networks' bandwidths multiplied by the one factor (in
     [1 / NETWORK_SCALE_RANGE, NETWORK_SCALE_RANGE]) with which `predicted_exchange_time(plan)` comes
-    to `measured_seconds`: the network that would explain the measured exchange if the network were
-    all that the model got wrong (the nearest bound where none in the range does; the cluster
-    unchanged where no bandwidth changes the prediction). Bisection on the factor's logarithm: the
-    prediction shrinks as the bandwidths grow."""
+    down to `measured_seconds`, the least such: the network that would explain the measured exchange
+    if the network were all that the model got wrong (the nearest bound where none in the range
+    does; the cluster unchanged where no bandwidth changes the prediction).
+
+    The prediction shrinks as the bandwidths grow, but not strictly nor continuously (a faster
+    transfer can leave Horovod fewer tensors to fuse), so as in `fit_overlap_slowdown` the factors
+    are tried on a grid (`GRID_POINTS`, evenly spaced in log) and the step before the first whose
+    prediction is no later than measured is bisected (on the factor's log, to `tolerance`)."""
     if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):
         raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
 
@@ -494,15 +520,11 @@ def network_explaining(plan: Plan, measured_seconds: float, tolerance: float = 1
     def predicted(log_factor: float) -> float:
         return predicted_exchange_time(dataclasses.replace(plan, cluster=scaled(math.exp(log_factor))))
 
-    low, high = -math.log(NETWORK_SCALE_RANGE), math.log(NETWORK_SCALE_RANGE)
-    at_low, at_high = predicted(low), predicted(high)
-    if at_low == at_high:
+    grid = [math.log(factor) for factor in _log_grid(1.0 / NETWORK_SCALE_RANGE, NETWORK_SCALE_RANGE)]
+    if predicted(grid[0]) == predicted(grid[-1]):
         return plan.cluster
-    if at_high >= measured_seconds:
-        return scaled(math.exp(high))
-    if at_low <= measured_seconds:
-        return scaled(math.exp(low))
-    return scaled(math.exp(_bisect(lambda log_factor: predicted(log_factor) > measured_seconds, low, high, tolerance)))
+    log_factor = _first_reaching(lambda x: predicted(x) <= measured_seconds, grid, tolerance)
+    return scaled(math.exp(grid[-1] if log_factor is None else log_factor))
 
 
 def all_dense_time(plan: Plan) -> float:
