@@ -63,8 +63,8 @@ def _worker() -> None:
     n = FLAGS.batch_size * FLAGS.steps
     x = rng.random([n, 28, 28, 1], dtype=np.float32)
     y = rng.integers(0, 10, n)
-    # After a re-plan, a plan that compresses is tried for 2 x 11 steps (half of them dense): not timed.
-    timed_from = FLAGS.replan_after + 2 * (tfcomp.DRAGONN(0.01).trial_steps + 1) + 3
+    # After a re-plan, a plan that compresses is tried (23 steps, 11 of them dense): not timed.
+    timed_from = FLAGS.replan_after + len(trial_schedule(tfcomp.DRAGONN(0.01).trial_steps)) + 2
 
     class StepClock(tf.keras.callbacks.Callback):
         def __init__(self):

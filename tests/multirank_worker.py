@@ -229,11 +229,13 @@ def check_trial(report):
     sent_total = [np.zeros(n) for n in sizes] + [np.zeros((50, 4))]
     reduced_total = [np.zeros(n) for n in sizes] + [np.zeros((50, 4))]
     dense_spread = 0.0
-    for call in range(9):
+    schedule, compressed = runtime.trial.schedule, True
+    for call in range(len(schedule) + 2):  # the plan's, dense's, the plan's steps, the choice, one step more
         grads = gradients()
         reduced = [tf.convert_to_tensor(r) for r in function(grads)]
-        compressed = call <= 2 or (call >= 6 and runtime.trial.read()["compressed"])
-        if call >= 4:  # after the trial's first dense step, which also sent the residuals: plain averages
+        flushed = compressed  # the first dense step after the plan's also sends the residuals
+        compressed = schedule[call][0] == 0 if call < len(schedule) else runtime.trial.read()["compressed"]
+        if not (compressed or flushed):  # a dense step after a dense one: plain averages
             plain = [hvd.allreduce(tf.convert_to_tensor(g), op=hvd.Average).numpy() for g in grads]
             dense_spread = max(dense_spread, *(float(np.max(np.abs(r.numpy() - p))) for r, p in zip(reduced, plain)))
         for i in range(3):

@@ -153,7 +153,8 @@ class Compressor:
       min_elements: tensors with fewer elements are always sent dense, whatever the planning or the
         forced strategy (1 to 2^63 - 1; default 8192).
       trial_steps: with planning="auto" and no forced strategy, a plan that compresses is tried in
-        training (`tfcomp.trial`): `trial_steps` + 1 steps with it, as many dense, and it is kept
+        training (`tfcomp.trial`): `trial_steps` timed steps with it and as many dense (half the
+        plan's, dense's, the plan's other half, each block after one untimed step), and it is kept
         only if its median step is at least 2 % shorter; else every bucket goes dense. 0: the cost
         model's plan is kept untried (0 to 2^31 - 1; default 10).
       payload_shows_non_finite: (class) whether a non-finite element of the encoded tensor always

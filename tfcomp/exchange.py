@@ -680,7 +680,7 @@ class GradientExchange(tf.Module):
         if self.trial is not None:
             result = self.trial.read()
             if not result["decided"]:
-                lines.append(f"plan on trial: {self.trial.steps} timed steps with it, then as many dense")
+                lines.append(f"plan on trial: {self.trial.steps} timed steps with it, as many dense between its halves")
             else:
                 verdict = "kept" if result["compressed"] else "dropped: every bucket is sent dense"
                 lines.append(f"plan tried in training: median step {result['compressed_ms']:.1f} ms with it, "
