@@ -26,7 +26,6 @@ import time
 from absl import app, flags
 
 from benchmarks.tables import write_results
-from benchmarks.timing import eager_barrier
 
 __all__ = ["fit", "summarise"]
 
@@ -47,10 +46,12 @@ def _worker() -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    from tfcomp.collectives import barrier as make_barrier
+
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    # Eager tensors, captured: a graph's own constants would be folded with the collective (timing.eager_barrier).
+    # Eager tensors, captured: a graph's own constants would be folded with the collective (tfcomp.collectives.barrier).
     one, ones, splits = tf.ones([1], tf.float32), tf.ones([hvd.size()]), tf.ones([hvd.size()], tf.int32)
     graphs = {"allreduce": lambda: hvd.allreduce(one, op=hvd.Sum, name="latency_allreduce"),
               "allgather": lambda: hvd.allgather(one, name="latency_allgather"),
@@ -58,7 +59,7 @@ def _worker() -> None:
               # One float32 to every worker (the hash-partitioned allreduce's first collective).
               "alltoall": lambda: hvd.alltoall(ones, splits=splits, name="latency_alltoall")[0]}
     calls = {name: tf.function(graph, autograph=False) for name, graph in graphs.items()}
-    barrier = eager_barrier("latency_barrier")
+    barrier = make_barrier(hvd.global_process_set, "latency_barrier")
     times = {name: [] for name in calls}
     for round_ in range(FLAGS.rounds + 3):
         for name, call in calls.items():

@@ -55,6 +55,7 @@ def _worker() -> None:
     import tfcomp
     from examples.models import build_model
     from tfcomp import planning
+    from tfcomp.trial import trial_schedule
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)

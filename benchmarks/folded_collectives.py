@@ -5,7 +5,7 @@
 Needs root (benchmarks/cluster.py). On 2 pinned emulated hosts, one `horovodrun` job times a
 one-float allreduce in a `tf.function` whose input is the graph's own constant, an eager tensor
 the function captures, or a variable it reads, and the same allreduce of a constant run eagerly
-(`benchmarks.timing.eager_barrier`): --calls calls each, one after another, and the bytes each
+(`tfcomp.collectives.barrier`): --calls calls each, one after another, and the bytes each
 call moved through the host's eth0 (received plus sent, /proc/net/dev of its network namespace).
 Horovod's ops are not marked stateful, so TensorFlow's constant folding may run one whose inputs
 are all constants once, while it optimizes the graph, and never again: a barrier written that way
@@ -22,7 +22,6 @@ from absl import app, flags
 
 from benchmarks.cluster import interface_bytes
 from benchmarks.tables import markdown_table, write_results
-from benchmarks.timing import eager_barrier
 
 __all__ = ["summarise"]
 
@@ -39,6 +38,8 @@ def _worker() -> None:
     import numpy as np
     import tensorflow as tf
 
+    from tfcomp.collectives import barrier as make_barrier
+
     hvd.init()
     captured, variable = tf.ones([1]), tf.Variable(tf.ones([1]))
 
@@ -48,8 +49,8 @@ def _worker() -> None:
     runs = {"tf.function, constant input": graph(lambda: tf.ones([1]), "folded_constant"),
             "tf.function, captured eager tensor": graph(lambda: captured, "folded_captured"),
             "tf.function, variable read": graph(variable.read_value, "folded_variable"),
-            "eager, constant input": eager_barrier("folded_eager")}
-    barrier = eager_barrier("folded_barrier")
+            "eager, constant input": make_barrier(hvd.global_process_set, "folded_eager")}
+    barrier = make_barrier(hvd.global_process_set, "folded_barrier")
     found = {}
     for name, run in runs.items():
         for _ in range(3):

@@ -23,7 +23,6 @@ import time
 from absl import app, flags
 
 from benchmarks.tables import write_results
-from benchmarks.timing import eager_barrier
 
 __all__ = ["BEFORE", "HOROVOD_SETTINGS", "summarise"]
 
@@ -46,9 +45,11 @@ def _worker() -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    from tfcomp.collectives import barrier as make_barrier
+
     hvd.init()
     # Captured eager tensors, times 1.0 in the graph: a graph's own constants would be folded with
-    # the collective (benchmarks.timing.eager_barrier).
+    # the collective (tfcomp.collectives.barrier).
     one = tf.ones([1])
 
     def graph(make):
@@ -63,7 +64,7 @@ def _worker() -> None:
               for n, (label, (elements, count)) in enumerate(BEFORE.items())}
     timed = {"allreduce": allreduces([one], "timed_allreduce"),
              "allgather": graph(lambda: [hvd.allgather(one * 1.0, name="timed_allgather")])}
-    barrier = eager_barrier("latency_after_barrier")
+    barrier = make_barrier(hvd.global_process_set, "latency_after_barrier")
     times = {(label, name): [] for label in before for name in timed}
     for round_ in range(_WARMUP_ROUNDS + FLAGS.rounds):
         for label, run_before in before.items():

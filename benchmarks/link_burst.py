@@ -31,7 +31,6 @@ import numpy as np
 from absl import app, flags
 
 from benchmarks.tables import markdown_table, write_results
-from benchmarks.timing import eager_barrier
 
 __all__ = ["affine_fit", "summarise"]
 
@@ -46,6 +45,8 @@ _PARTS = 4
 def _worker() -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
+
+    from tfcomp.collectives import barrier as make_barrier
 
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -64,7 +65,7 @@ def _worker() -> None:
     calls = {("allreduce", 4): allreduce(4), ("allgather", 4): allgather(4)}
     calls.update({("allreduce", n): allreduce(n) for n in SIZES})
     calls.update({("allgather", n): allgather(n) for n in SIZES if n <= ALLGATHER_MAX_BYTES})
-    barrier = eager_barrier("burst_barrier")
+    barrier = make_barrier(hvd.global_process_set, "burst_barrier")
     for call in calls.values():
         call().numpy()
     times = {key: [] for key in calls}

@@ -67,6 +67,7 @@ import tfcomp
 from examples.models import build_model
 from tfcomp import cost_model as cm
 from tfcomp import planning
+from tfcomp.collectives import barrier as make_barrier
 
 __all__ = []
 
@@ -222,8 +223,7 @@ class Trainer:
         return sum(int(v.shape.num_elements()) for v in self.model.trainable_variables)
 
 
-def barrier():
-    hvd_tf.allreduce(tf.zeros([1]), name="network_worker_barrier").numpy()
+barrier = make_barrier(hvd_tf.global_process_set, "network_worker_barrier")
 
 
 def main():

@@ -30,7 +30,6 @@ from absl import app, flags
 
 from benchmarks.cluster import interface_bytes
 from benchmarks.tables import write_results
-from benchmarks.timing import eager_barrier
 
 __all__ = ["summarise"]
 
@@ -75,6 +74,7 @@ def _worker() -> None:
     import tfcomp
     from tfcomp import planning
     from tfcomp import cost_model as cm
+    from tfcomp.collectives import barrier as make_barrier
 
     hvd.init()
     rank, workers = hvd.rank(), hvd.size()
@@ -84,7 +84,7 @@ def _worker() -> None:
     for name, compressor in compressors.items():
         plan = planning.per_tensor_plan(tensors, compressor, cm.ClusterModel.unpriced(workers))
         exchanges[name] = tf.function(tfcomp.GradientExchange(compressor, plan=plan), autograph=False)
-    barrier = eager_barrier("sparse_barrier")
+    barrier = make_barrier(hvd.global_process_set, "sparse_barrier")
 
     def gradients(step: int):
         shared = np.random.default_rng(step).standard_normal(sum(SIZES)).astype(np.float32)

@@ -6,22 +6,7 @@ import random
 import statistics
 import time
 
-__all__ = ["eager_barrier", "shuffled_medians"]
-
-
-def eager_barrier(name: str):
-    """A callable that returns once every Horovod rank has called it: a one-float allreduce named
-    `name`, run eagerly. Not a `tf.function` of an allreduce of a constant: Horovod's ops are not
-    marked stateful, so TensorFlow's constant folding runs such an allreduce once while it
-    optimizes the graph, and later calls return the folded value without communicating
-    (`benchmarks/folded_collectives.py` on 2 emulated hosts at 1 Gbit/s: 56 bytes and 0.053 ms a
-    call, against about 1.7 kB and 1.08 ms for the same allreduce of a captured tensor, a variable
-    or run eagerly; BENCHMARKS.md, "Horovod ops on constants are folded")."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    zero = tf.zeros([1])
-    return lambda: hvd.allreduce(zero, op=hvd.Sum, name=name).numpy()
+__all__ = ["shuffled_medians"]
 
 
 def shuffled_medians(runs: dict, repeats: int, warmup: int) -> dict:

@@ -32,12 +32,14 @@ examples/train_keras.py does. Rank 0 writes --json_out.
 import json
 import time
 
+import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
 import tfcomp
+from tfcomp.collectives import barrier as make_barrier
 from examples import fashion_mnist
 from benchmarks.tta_configs import MODEL_OPTIMIZERS, MOMENTUM, REFERENCE_BATCH, learning_rate, make_compression
 from examples.models import build_model
@@ -93,8 +95,7 @@ def make_optimizer(model: str, corrected: bool, lr=None, warmup_steps: int = 0, 
     return tf.keras.optimizers.SGD(lr, momentum=MOMENTUM)
 
 
-def _barrier() -> None:
-    hvd.allreduce(tf.constant(0.0), name="tta_barrier")
+_barrier = make_barrier(hvd_tf.global_process_set, "tta_barrier")
 
 
 class _FirstPlan(tf.keras.callbacks.Callback):

@@ -14,6 +14,7 @@ import json
 import os
 import math
 import tempfile
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -729,6 +730,25 @@ def check_deferred_calibration(report):
     report["spread/Replan callback, calibrated between steps"] = weights_spread(model)
 
 
+def check_barrier(report):
+    """tfcomp.collectives.barrier: after one barrier lines the ranks up, the last rank sleeps 1 s
+    before the next; every rank leaves that one no earlier than the sleeper entered it. Timed
+    inside a tf.function trace too, where the barrier still runs eagerly (never folded)."""
+    from tfcomp.collectives import barrier
+
+    wait = barrier(hvd_tf.global_process_set, "multirank_barrier")
+    for where in ("eager", "traced"):
+        wait()
+        start = time.perf_counter()
+        if hvd.rank() == hvd.size() - 1:
+            time.sleep(1.0)
+        if where == "eager":
+            wait()
+        else:
+            tf.function(lambda: (wait(), tf.constant(0))[1], autograph=False).get_concrete_function()
+        report[f"barrier/{where}_seconds"] = time.perf_counter() - start
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -737,7 +757,7 @@ def main():
     report = {"size": hvd.size(), "rank": hvd.rank()}
     for check in (check_exchange_semantics, check_training, check_trial, check_embedding, check_checkpoint,
                   check_loss_scale_skip, check_planning, check_partitioned, check_replan, check_dropped_plan,
-                  check_deferred_calibration):
+                  check_deferred_calibration, check_barrier):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

@@ -159,7 +159,7 @@ def test_timed_blocks_come_in_pieces_of_first_calls_and_rounds():
     first = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
     second = {"c": lambda: calls.append("c")}
     count, times = _pieces_and_value(
-        calibration._without_outlying_block([(first, 2), (second, 3)], barrier=None, warmup=2, blocks=3))
+        calibration._without_outlying_block([(first, 2), (second, 3)], synchronise=None, warmup=2, blocks=3))
     assert count == 3 + 3 * (2 + 3)  # a piece per run's untimed calls, then one per round of a set's block
     assert calls[:6] == ["a", "a", "b", "b", "c", "c"]
     assert calls[6:10] == ["a", "b", "a", "b"] and calls[10:13] == ["c"] * 3  # a block of each set in turn
@@ -184,9 +184,9 @@ def test_compression_measured_in_two_stages(monkeypatch, answer):
     timed, asked = [], []
     measure = calibration._without_outlying_block
 
-    def recording(sets, barrier, **kwargs):
+    def recording(sets, synchronise, **kwargs):
         timed.append(sorted(str(name) for runs, _ in sets for name in runs))
-        return measure(sets, barrier, **kwargs)
+        return measure(sets, synchronise, **kwargs)
 
     def could_pay(lower):
         asked.append(lower)

@@ -277,3 +277,12 @@ def test_calibration_between_steps_starts_dense_and_finishes_alike_on_every_rank
                 "callback_digest"):
         assert len({json.dumps(r[f"deferred/{key}"]) for r in reports}) == 1, key
 
+
+def test_barrier_holds_every_rank_until_the_last_arrives(reports):
+    # The last rank slept 1 s before the barrier; the others waited for it there, eagerly and when
+    # the barrier was called while a tf.function was traced. (At least 0.5 s: the ranks left the
+    # barrier before it within a few ms of each other, here or on a loaded machine.)
+    waited = values(reports, "barrier")
+    assert set(waited) == {"eager_seconds", "traced_seconds"}
+    for where, seconds in waited.items():
+        assert min(seconds) >= 0.5, where

@@ -75,7 +75,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp.collectives import LocalCollectives
+from tfcomp.collectives import LocalCollectives, barrier
 from tfcomp.compressors import DEFAULT_MIN_ELEMENTS, DEFAULT_TRIAL_STEPS, DEFAULT_UNION_LIMIT
 from tfcomp.cost_model import AffineCost, ClusterModel, Network, StrategyTime, available_strategies
 from tfcomp.memory import ExchangeState
@@ -118,16 +118,17 @@ _MIN_TRANSFER_SECONDS = 1e-6  # the least transfer time a fit accepts (a finite 
 # In the cache key: compression probes computing alone (before: with the real collectives, less
 # their modelled time, which gave lower figures).
 _PROBE_METHOD = "compute alone"
+_BARRIER = "tfcomp_calibration_barrier"  # the one-float allreduce before each timed call
 # Where compression's least costs predict less than this gain over dense, a compressor tried in
 # training is planned from them: the trial decides, and measuring the rest would not pay.
 _CLEAR_GAIN = 1.5
 
 
-def _interleaved_times(runs: dict, rounds: int, barrier=None):
+def _interleaved_times(runs: dict, rounds: int, synchronise=None):
     """A generator that times the callables in `runs` round-robin for `rounds` rounds, so that a
     shared machine's drifts touch them alike (and a difference of two runs is best taken round by
     round), yielding after each round (a piece of calibration that may run between two training
-    steps); it returns {name: float64 [rounds] seconds}. With `barrier` (a collective), every timed
+    steps); it returns {name: float64 [rounds] seconds}. With `synchronise` (a barrier), every timed
     call starts right after it: in training, each step's exchange starts with the workers just
     synchronised by the previous step's collectives, and a timing of back-to-back calls (which
     pipeline in Horovod's cycle) would miss the wait for the next cycle. Every rank must pass the
@@ -135,8 +136,8 @@ def _interleaved_times(runs: dict, rounds: int, barrier=None):
     times = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
-            if barrier is not None:
-                barrier()
+            if synchronise is not None:
+                synchronise()
             start = time.perf_counter()
             run()
             times[name].append(time.perf_counter() - start)
@@ -144,7 +145,7 @@ def _interleaved_times(runs: dict, rounds: int, barrier=None):
     return {name: np.asarray(values) for name, values in times.items()}
 
 
-def _without_outlying_block(sets, barrier, warmup: int = 1, blocks: int = 3):
+def _without_outlying_block(sets, synchronise, warmup: int = 1, blocks: int = 3):
     """A generator that returns {name: seconds [rounds]} of every set of runs [(runs, rounds)]:
     each run called `warmup` times untimed (its first call traces its graph; a piece each), then
     each set timed in `blocks` blocks of `rounds` rounds (`_interleaved_times`), the sets' blocks
@@ -161,7 +162,7 @@ def _without_outlying_block(sets, barrier, warmup: int = 1, blocks: int = 3):
     for _ in range(blocks):
         timed.append([])
         for runs, rounds in sets:
-            timed[-1].append((yield from _interleaved_times(runs, rounds=rounds, barrier=barrier)))
+            timed[-1].append((yield from _interleaved_times(runs, rounds=rounds, synchronise=synchronise)))
     times = {}
     for per_block in zip(*timed):
         times.update(_pool_without_outlier(per_block))
@@ -194,12 +195,6 @@ def _graph_call(function):
     """A callable that runs `function` (returning a list of tensors) as one tf.function and waits for it."""
     graph = tf.function(function, autograph=False)
     return lambda: graph()[0].numpy()
-
-
-def _barrier(process_set):
-    """A callable that returns once every rank of `process_set` has called it (a one-float allreduce)."""
-    zero = tf.zeros([1], tf.float32)
-    return lambda: hvd.allreduce(zero, op=hvd.Sum, process_set=process_set, name="tfcomp_calibration_barrier").numpy()
 
 
 def _rank0_value(value: float, process_set) -> float:
@@ -261,7 +256,7 @@ def _measure_networks(process_set, elements: int):
     def allgather(tensor, name):
         return _graph_call(lambda: [hvd.allgather(tensor * 1.0, process_set=process_set, name=name)])
 
-    barrier = _barrier(process_set)
+    synchronise = barrier(process_set, _BARRIER)
     tiny_allreduce = allreduces([tf.ones([1])], "tfcomp_calibration_tiny")
     tiny_allgather = allgather(tf.ones([1]), "tfcomp_calibration_tiny_allgather")
     # Per-tensor cost: separate allreduces in one graph, the way Horovod's optimizer sends dense
@@ -283,7 +278,7 @@ def _measure_networks(process_set, elements: int):
         "tiny_allgather": tiny_allgather,
     }
     large_rounds = min(5, max(2, _LARGE_ROUNDS_ELEMENTS // ar_elements // 3))
-    t = yield from _without_outlying_block([(small, 5), (large, large_rounds)], barrier, warmup=3)
+    t = yield from _without_outlying_block([(small, 5), (large, large_rounds)], synchronise, warmup=3)
     per_tensor = max(np.median(t["tensors"] - t["allreduce"]), 0.0) / (_BOOKKEEPING_TENSORS - 1)
     # Transfer times, each large collective against the tiny one of its round; the cost model adds
     # per_tensor for every tensor of a dense bucket, so it comes out of the allreduce's figures.
@@ -445,7 +440,7 @@ def compression_pieces(compressor, num_workers: int, max_elements: int, tensor_e
     for name, buckets in plans.items():
         probes[name] = _exchange_probe(compressor, num_workers, buckets, name if name in _OTHER_STRATEGY_PROBES else None)
         yield
-    barrier = None if process_set is None else _barrier(process_set)
+    synchronise = None if process_set is None else barrier(process_set, _BARRIER)
     # Short calls are noisy and cheap, long ones steadier and costly: each set its own rounds (the
     # differences taken below are of probes in the same set, paired round by round).
     long_rounds = min(_SHORT_PROBE_ROUNDS, max(_LONG_PROBE_ROUNDS, _LONG_PROBE_ROUNDS * _ENCODE_SIZES[-1] // largest))
@@ -456,7 +451,7 @@ def compression_pieces(compressor, num_workers: int, max_elements: int, tensor_e
             chosen = {name: probes[name] for name in names
                       if (sum(map(sum, plans[name])) >= _MIN_LARGEST_PROBE) == long_calls}
             sets += [(chosen, rounds)] if chosen else []
-        return (yield from _without_outlying_block(sets, barrier))
+        return (yield from _without_outlying_block(sets, synchronise))
 
     agreed = (lambda figures: figures) if process_set is None else (
         lambda figures: _median_over_ranks(figures, process_set))

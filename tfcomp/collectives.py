@@ -3,8 +3,9 @@
 `HorovodCollectives` (over a Horovod process set) and `LocalCollectives` (stand-ins that send
 nothing, for timing the compression work alone) give the step graph the same interface: grouped
 allgather, grouped sum allreduce, broadcast and alltoall, inside or outside a `tf.function`.
-`allgather_integers` and `broadcast_floats` run eagerly, outside any training step, on every rank
-of a process set at the same point: the plan's agreement checks and calibration use them.
+`allgather_integers`, `broadcast_floats` and `barrier` run eagerly, outside any training step, on
+every rank of a process set at the same point: the plan's agreement checks and calibration use
+them, and the benchmarks' timings.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["HorovodCollectives", "LocalCollectives", "allgather_integers", "allgather_rows", "broadcast_floats",
-           "grouped_by_dtype"]
+__all__ = ["HorovodCollectives", "LocalCollectives", "allgather_integers", "allgather_rows", "barrier",
+           "broadcast_floats", "grouped_by_dtype"]
 
 
 def grouped_by_dtype(collective, tensors, **kwargs):
@@ -110,3 +111,21 @@ def broadcast_floats(values, process_set, name: str, root: int = 0) -> np.ndarra
     with tf.init_scope():
         mine = tf.constant(np.asarray(values, dtype=np.float64))
         return np.asarray(hvd.broadcast(mine, root, process_set=process_set, name=name).numpy(), dtype=np.float64)
+
+
+def barrier(process_set, name: str):
+    """A callable that returns once every rank of `process_set` has called it: a one-float
+    allreduce named `name`, run eagerly. Not a `tf.function` of an allreduce of a constant: Horovod
+    0.28.1 does not mark its ops stateful, so TensorFlow's constant folding runs such an allreduce
+    once while it optimizes the graph, and later calls return the folded value without
+    communicating (`benchmarks/folded_collectives.py` on 2 emulated hosts at 1 Gbit/s: 56 bytes and
+    0.053 ms a call, against about 1.7 kB and 1.08 ms for the same allreduce of a captured tensor, a
+    variable or run eagerly; BENCHMARKS.md, "Horovod ops on constants are folded")."""
+    with tf.init_scope():
+        zero = tf.zeros([1], tf.float32)
+
+    def wait() -> None:
+        with tf.init_scope():
+            hvd.allreduce(zero, op=hvd.Sum, process_set=process_set, name=name).numpy()
+
+    return wait
