@@ -58,6 +58,17 @@ def test_summary_reports_errors_and_checks(rng):
     assert "steal" not in text  # no figure measured, no line
 
 
+def test_summary_shows_a_configuration_without_a_prediction_unpriced(rng):
+    # Without the plan configuration plain Horovod has no figures to be priced with.
+    dense, forced = (float(x) for x in rng.uniform(0.01, 0.1, 2))
+    by_setting = {"1gbit": {"workers": 2, "results": [
+        result("cnn", "compute", 0.005), result("cnn", "horovod_dense", dense),
+        result("cnn", "dragonn", forced, forced * 1.1, ["allgather"])]}}
+    text, checks = summarise(by_setting)
+    assert f"| 1gbit | | cnn | horovod_dense | dense | {1e3 * dense:.1f} | — | |" in text
+    assert checks["prediction_error_max"] == pytest.approx(0.1)
+
+
 def test_summary_states_the_cpu_time_the_host_took():
     by_setting = {"unshaped": setting(0.08, 0.1, 0.02, 0.021, 0.03, [0.0] * 6),
                   "1gbit": setting(0.6, 0.1, 0.05, 0.015, 0.02, [0.0] * 6)}
