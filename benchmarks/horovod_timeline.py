@@ -24,8 +24,6 @@ from absl import app, flags
 __all__ = ["phase_spans", "read_timeline", "summarise"]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("skip", [], "Leave out tensors whose name starts with one of these.")
-flags.DEFINE_string("markdown_out", None, "Also write the table here.")
 
 
 def read_timeline(path: str) -> list:
@@ -82,5 +80,13 @@ def main(argv):
             f.write(text + "\n")
 
 
+def _define_flags() -> None:
+    """The flags, defined when this module runs (not on import: the tests import its summary beside
+    other benchmarks that define flags of the same names)."""
+    flags.DEFINE_list("skip", [], "Leave out tensors whose name starts with one of these.")
+    flags.DEFINE_string("markdown_out", None, "Also write the table here.")
+
+
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -27,12 +27,6 @@ from benchmarks.tables import write_results
 __all__ = ["BEFORE", "HOROVOD_SETTINGS", "summarise"]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs the jobs; worker: one job's timing.")
-flags.DEFINE_list("settings", ["none", "1gbit"], "Link rates per host (e.g. 1gbit), 'none' for unshaped links.")
-flags.DEFINE_integer("rounds", 40, "Timed rounds (medians reported).")
-flags.DEFINE_bool("pin_cpus", True, "Each host's processes on a CPU of their own (as network_validation runs).")
-flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
-flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its figures.")
 
 # The collective that runs before each timed one-float call (float32 elements per tensor, tensors).
 BEFORE = {"one float": (1, 1), "64 one-float tensors": (1, 64), "64 KiB": (2**14, 1), "4 MiB in 4 tensors": (2**18, 4)}
@@ -120,5 +114,17 @@ def main(argv):
     _worker() if FLAGS.role == "worker" else _launcher()
 
 
+def _define_flags() -> None:
+    """The flags, defined when this module runs (not on import: the tests import its summary beside
+    other benchmarks that define flags of the same names)."""
+    flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs the jobs; worker: one job's timing.")
+    flags.DEFINE_list("settings", ["none", "1gbit"], "Link rates per host (e.g. 1gbit), 'none' for unshaped links.")
+    flags.DEFINE_integer("rounds", 40, "Timed rounds (medians reported).")
+    flags.DEFINE_bool("pin_cpus", True, "Each host's processes on a CPU of their own (as network_validation runs).")
+    flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+    flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its figures.")
+
+
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
