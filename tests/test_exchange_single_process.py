@@ -991,3 +991,23 @@ def test_keras_traces_the_train_function_once(rng, optimizer):
     moved = max(float(np.max(np.abs(a - b))) for a, b in zip(*weights))
     assert moved > 0  # DRAGONN's sparsified steps differ from the plain optimizer's
     assert all(np.all(np.isfinite(w)) for w in weights[0])
+
+
+def test_making_a_barrier_leaves_tensorflow_unconfigured():
+    # The benchmarks' workers make their barrier at import and configure TensorFlow's threads in
+    # main(): a barrier that touched TensorFlow when made broke them ("Intra op parallelism cannot
+    # be modified after initialization").
+    import subprocess
+
+    from tests.helpers import REPO_ROOT, child_env
+
+    script = ("import horovod.tensorflow as hvd, tensorflow as tf\n"
+              "from tfcomp.collectives import barrier\n"
+              "wait = barrier(hvd.global_process_set, 'unconfigured')\n"
+              "tf.config.threading.set_intra_op_parallelism_threads(1)\n"
+              "hvd.init()\n"
+              "wait()\n"
+              "print('waited')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("waited"), result.stderr[-3000:]

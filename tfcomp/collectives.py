@@ -120,12 +120,11 @@ def barrier(process_set, name: str):
     once while it optimizes the graph, and later calls return the folded value without
     communicating (`benchmarks/folded_collectives.py` on 2 emulated hosts at 1 Gbit/s: 56 bytes and
     0.053 ms a call, against about 1.7 kB and 1.08 ms for the same allreduce of a captured tensor, a
-    variable or run eagerly; BENCHMARKS.md, "Horovod ops on constants are folded")."""
-    with tf.init_scope():
-        zero = tf.zeros([1], tf.float32)
+    variable or run eagerly; BENCHMARKS.md, "Horovod ops on constants are folded"). Making it runs
+    nothing (a module may make its barrier before TensorFlow's threads are configured)."""
 
     def wait() -> None:
         with tf.init_scope():
-            hvd.allreduce(zero, op=hvd.Sum, process_set=process_set, name=name).numpy()
+            hvd.allreduce(tf.zeros([1], tf.float32), op=hvd.Sum, process_set=process_set, name=name).numpy()
 
     return wait
