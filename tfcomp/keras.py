@@ -154,7 +154,7 @@ class Replan(tf.keras.callbacks.Callback):
 
     Args:
       after_steps: training steps to measure first (>= 1; default 30: past the first plan's trial
-        of 2 x 11 steps, and the timeline's 20-step window full).
+        of 23 steps, and the timeline's 20-step window full).
       check_every: steps between checks of the prediction (>= 1), or None: no checks.
       threshold: the departure (a fraction of the prediction, > 0) that re-plans.
       max_replans: at most this many re-plans by the checks (>= 0).
