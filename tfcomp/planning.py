@@ -28,6 +28,7 @@ that prices plain Horovod); the search uses it too.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -458,6 +459,7 @@ def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float =
     if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):
         raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
 
+    @functools.cache  # where no slowdown reaches the measurement, the grid's predictions pick the latest
     def predicted(slowdown: float) -> float:
         cluster = dataclasses.replace(plan.cluster, overlap_slowdown=slowdown)
         return predicted_exchange_time(dataclasses.replace(plan, cluster=cluster))

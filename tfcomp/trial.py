@@ -9,14 +9,15 @@ included), in three blocks (`trial_schedule`): half the plan's steps, all of den
 other half (A B B A: a drift of the machine's speed that is linear over the trial touches both
 arms alike; under a drift of 1 % a step, one arm after the other gives dense's median 12 % more,
 three blocks 0.2 %). Each block's first step is left out (a first run of its graph; the dense
-block's first step also sends the residuals left by the plan's block). At the next step the trial takes the
-median of each arm over all ranks (one allreduce of two float64). The plan is kept only where
-its median step is at least `margin` (2 %) shorter than dense's; otherwise every later step sends
-everything dense. Every rank reaches the same choice (the allreduced medians are the same bits on
-every rank). Three blocks, not steps alternating: each switch from the plan to dense sends what
-error feedback kept at once, and an Adam-corrected ViT whose trial alternated pairs of steps (ten
-such flushes) was 21 to 24 points less accurate at steps 50 and 100 (BENCHMARKS.md); here a dropped plan
-flushes twice, each time about half the residual steps that one arm after the other flushed.
+block's first step also sends the residuals left by the plan's block). At the next step the
+trial takes the median of each arm over all ranks (one allreduce of two float64). The plan is
+kept only where its median step is at least `margin` (2 %) shorter than dense's; otherwise every
+later step sends everything dense. Every rank reaches the same choice (the allreduced medians are
+the same bits on every rank). Three blocks, not steps alternating: each switch from the plan to
+dense sends what error feedback kept at once, and an Adam-corrected ViT whose trial alternated
+pairs of steps (ten such flushes) was 21 to 24 points less accurate at steps 50 and 100
+(BENCHMARKS.md); here a dropped plan flushes twice, each time about half the residual steps that
+one arm after the other flushed.
 
 The trial counts only the steps after the compressor's warm-up (which the plan sends dense).
 The trial's variables are not training state: they live outside checkpoints (the holder is not a
@@ -41,8 +42,8 @@ def trial_schedule(steps: int) -> tuple:
     """The trial's steps in order, as (arm, column) pairs: arm 0 the plan's, 1 dense's; column
     the step's place in its arm's row of timed seconds, -1 for a block's untimed first step. Three
     blocks: the plan's first ceil(steps / 2) timed steps, dense's `steps`, the plan's other
-    floor(steps / 2) (none for steps = 1), each after its untimed step: 2 steps + 3 in all (4 for
-    steps = 1)."""
+    floor(steps / 2) (none for steps = 1), each after its untimed step: 2 x steps + 3 steps in all
+    (4 for steps = 1)."""
     if steps < 1:
         raise ValueError(f"a plan trial needs steps >= 1 per arm, got {steps}")
     first = (steps + 1) // 2
@@ -84,8 +85,9 @@ class PlanTrial:
         arms = tf.constant([arm for arm, _ in self.schedule], tf.int64)
         columns = tf.constant([column for _, column in self.schedule], tf.int64)
         last = tf.clip_by_value(j - 1, 0, self.decision_step - 1)
-        recorded = tf.cond((j >= 1) & (j <= self.decision_step) & (tf.gather(columns, last) >= 0),
-                           lambda: self._record(tf.gather(arms, last), tf.gather(columns, last), now - self.last_start),
+        column = tf.gather(columns, last)  # of the step that just ended; -1: left out
+        recorded = tf.cond((j >= 1) & (j <= self.decision_step) & (column >= 0),
+                           lambda: self._record(tf.gather(arms, last), column, now - self.last_start),
                            lambda: tf.constant(False))
         with tf.control_dependencies([recorded]):
             decided = tf.cond(tf.equal(j, self.decision_step), lambda: self._decide(collectives),
