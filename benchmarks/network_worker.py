@@ -308,14 +308,16 @@ def predict(results, trainers):
             plan = trainers[r["model"], "plan"].plan
             variables = trainers[r["model"], r["config"]].model.trainable_variables
             if any(plan.ready.values()):
+                r["dense_gradients"] = {"elements": [int(v.shape.num_elements()) for v in variables],
+                                        "ready": [plan.ready.get(p, 0.0) for p in range(len(variables))]}
                 r["predicted_exchange_s"] = cm.horovod_dense_finish(
-                    [int(v.shape.num_elements()) for v in variables],
-                    [plan.ready.get(p, 0.0) for p in range(len(variables))], plan.cluster)
+                    r["dense_gradients"]["elements"], r["dense_gradients"]["ready"], plan.cluster)
             else:  # one fused ring allreduce of every gradient after the backward pass
                 r["predicted_exchange_s"] = cm.strategy_time("dense", r["parameters"], tfcomp.NoCompression(),
                                                              plan.cluster, tensors=len(variables)).total
         r["cluster"] = plan.cluster.to_list()
         r["overlap_slowdown"] = plan.cluster.overlap_slowdown
+        r["plan"] = plan.record()  # what a replay (benchmarks/prediction_replay.py) prices again
         r["compute_s"] = compute_time(results, r["model"], plan.cluster)
         # The backward pass after the step's first gradient is in T_comp and in the exchange's time.
         r["overlapped_s"] = max(plan.ready.values(), default=0.0)

@@ -295,6 +295,26 @@ def test_a_compressing_plan_carries_the_best_all_dense_plan_it_beat():
     assert plan.digest() != dataclasses.replace(plan, dense_buckets=()).digest()
 
 
+def test_a_plan_record_survives_json_and_prices_the_same(rng):
+    import json
+    sizes = [int(n) for n in rng.integers(2**16, 2**20, size=7)]
+    ready = sorted(float(t) for t in rng.uniform(0, 0.02, size=7))
+    model = dataclasses.replace(cluster(gbps=float(rng.uniform(0.5, 1)), c1=float(rng.uniform(1e-10, 1e-9))),
+                                overlap_slowdown=float(rng.uniform(1, 3)))
+    compressor = tfcomp.DRAGONN(0.01, min_elements=1)
+    plan = planning.make_plan(backprop(sizes), compressor, model, ready_seconds=ready)
+    assert plan.compressed and plan.dense_buckets and any(plan.ready.values())
+    again = planning.Plan.from_record(json.loads(json.dumps(plan.record())), tfcomp.DRAGONN(0.01, min_elements=1))
+    assert again.buckets == plan.buckets and again.dense_buckets == plan.dense_buckets
+    assert (again.names, again.sizes, again.ready, again.cluster) == (plan.names, plan.sizes, plan.ready, plan.cluster)
+    assert planning.predicted_exchange_time(again) == planning.predicted_exchange_time(plan)
+    assert again.digest() == plan.digest()
+    broken = plan.record()
+    broken["cluster"] = broken["cluster"][:-1]
+    with pytest.raises(ValueError, match="ClusterModel figures must be 13 numbers"):
+        planning.Plan.from_record(broken, compressor)
+
+
 def slowed(plan, slowdown):
     return dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, overlap_slowdown=slowdown))
 

@@ -103,6 +103,30 @@ class Plan:
             return dataclasses.replace(self, buckets=self.dense_buckets, dense_buckets=())
         return dataclasses.replace(self, buckets=tuple(dataclasses.replace(b, strategy="dense") for b in self.buckets))
 
+    def record(self) -> dict:
+        """The plan as JSON-ready lists (the compressor as its repr only), from which `from_record`
+        rebuilds it to be priced again: benchmarks keep what they predicted from."""
+        def buckets(bs):
+            return [[list(b.positions), b.elements, b.strategy, b.predicted.communication, b.predicted.compression,
+                     b.dense_seconds] for b in bs]
+        return {"buckets": buckets(self.buckets), "dense_buckets": buckets(self.dense_buckets),
+                "names": sorted(self.names.items()), "sizes": sorted(self.sizes.items()),
+                "ready": sorted(self.ready.items()), "cluster": self.cluster.to_list(),
+                "overlap_slowdown": self.cluster.overlap_slowdown, "compressor": repr(self.compressor)}
+
+    @classmethod
+    def from_record(cls, record: dict, compressor) -> "Plan":
+        """The plan of `record` (`Plan.record`'s dict) with `compressor` (one like the repr it keeps)."""
+        def buckets(rows):
+            return tuple(Bucket(tuple(positions), elements, strategy, cm.StrategyTime(communication, compression),
+                                dense_seconds)
+                         for positions, elements, strategy, communication, compression, dense_seconds in rows)
+        cluster = dataclasses.replace(cm.ClusterModel.from_list(record["cluster"]),
+                                      overlap_slowdown=record["overlap_slowdown"])
+        return cls(buckets(record["buckets"]), {int(p): n for p, n in record["names"]}, compressor, cluster,
+                   ready={int(p): t for p, t in record["ready"]}, dense_buckets=buckets(record["dense_buckets"]),
+                   sizes={int(p): n for p, n in record["sizes"]})
+
     def table(self) -> str:
         """Readable: bucket, tensors, elements, strategy, predicted time with it and dense."""
         lines = [f"tfcomp plan for {self.compressor} on {self.cluster.workers} workers "
