@@ -308,7 +308,7 @@ def test_a_plan_record_survives_json_and_prices_the_same(rng):
     assert again.buckets == plan.buckets and again.dense_buckets == plan.dense_buckets
     assert (again.names, again.sizes, again.ready, again.cluster) == (plan.names, plan.sizes, plan.ready, plan.cluster)
     assert planning.predicted_exchange_time(again) == planning.predicted_exchange_time(plan)
-    assert again.digest() == plan.digest()
+    assert again.digest() == plan.digest() and plan.record()["compressor"] == ["DRAGONN", compressor.get_config()]
     broken = plan.record()
     broken["cluster"] = broken["cluster"][:-1]
     with pytest.raises(ValueError, match="ClusterModel figures must be 13 numbers"):

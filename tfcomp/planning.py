@@ -104,19 +104,22 @@ class Plan:
         return dataclasses.replace(self, buckets=tuple(dataclasses.replace(b, strategy="dense") for b in self.buckets))
 
     def record(self) -> dict:
-        """The plan as JSON-ready lists (the compressor as its repr only), from which `from_record`
-        rebuilds it to be priced again: benchmarks keep what they predicted from."""
+        """The plan as JSON-ready lists, the compressor as its class name and `get_config()` (a tfcomp
+        compressor's constructor arguments), from which `from_record` rebuilds it to be priced
+        again: benchmarks keep what they predicted from."""
         def buckets(bs):
             return [[list(b.positions), b.elements, b.strategy, b.predicted.communication, b.predicted.compression,
                      b.dense_seconds] for b in bs]
         return {"buckets": buckets(self.buckets), "dense_buckets": buckets(self.dense_buckets),
                 "names": sorted(self.names.items()), "sizes": sorted(self.sizes.items()),
                 "ready": sorted(self.ready.items()), "cluster": self.cluster.to_list(),
-                "overlap_slowdown": self.cluster.overlap_slowdown, "compressor": repr(self.compressor)}
+                "overlap_slowdown": self.cluster.overlap_slowdown,
+                "compressor": [type(self.compressor).__name__, self.compressor.get_config()]}
 
     @classmethod
     def from_record(cls, record: dict, compressor) -> "Plan":
-        """The plan of `record` (`Plan.record`'s dict) with `compressor` (one like the repr it keeps)."""
+        """The plan of `record` (`Plan.record`'s dict) with `compressor` (the one it names: tfcomp's
+        compressor of that class, made with those arguments)."""
         def buckets(rows):
             return tuple(Bucket(tuple(positions), elements, strategy, cm.StrategyTime(communication, compression),
                                 dense_seconds)
