@@ -4,14 +4,17 @@
 
 `benchmarks/network_validation.py --json_out` keeps, beside each measured step, the plan its
 prediction priced (`tfcomp.planning.Plan.record`: buckets, ready times, calibrated figures, fitted
-overlap slowdown) and, for plain Horovod, the gradients' sizes and ready times. This prices them
-again: T = T_comp - the backward pass after the first gradient + the exchange's end, where T_comp is
+overlap slowdown) and, for plain Horovod, the gradients' sizes and ready times; since 2026-11-27
+22:30 UTC also the exchange's end measured in the warm-up (what the slowdown was fitted to). This
+prices them again, fitting that slowdown again where the measurement is kept
+(`tfcomp.planning.fit_slowdown` of the slowdown `slowdown_measured_by` the plan now): T = T_comp - the backward pass after the first gradient + the exchange's end, where T_comp is
 the measured compute_synced step less the model's time for its one-float allreduce, as the worker
 computes it. A change to the cost model is then judged on steps already measured, every cell at
 once, without running the grid again; only the measured times are facts, the two predictions
 (as recorded, and now) are the model's. Grids written before 2026-11-27 22:00 UTC carry no plans.
 """
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -60,6 +63,10 @@ def replay(grid: dict) -> list:
             elif r["config"] == "horovod_dense":  # priced after the backward pass: not replayed
                 continue
             else:
+                if r.get("measured_exchange_s") is not None:
+                    field = planning.slowdown_measured_by(plan)
+                    fitted = planning.fit_slowdown(plan, r["measured_exchange_s"], field)
+                    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, **{field: fitted}))
                 exchange = planning.predicted_exchange_time(plan)
             measured = {x["config"]: x["measured_s"] for x in results if x["model"] == r["model"]}
             compute = (measured["compute_synced"] - _one_float_allreduce(plan.cluster)
