@@ -37,11 +37,9 @@ step again where the plan changed, and run on until the new plan's trial has dec
 exchange timeline's window of steps they check the prediction as `Replan` does every 20 steps
 (`GradientExchange.check_prediction`, which may re-plan, or install an all-dense plan again without
 the flush of residuals it has sent) and run any new plan the same way; then, over the window's
-steps, the slowdown the plan's exchange tells is fitted to its measured end (kept as
-measured_exchange_s), as `GradientExchange.check_prediction` does in training: for a plan that
-compresses, how much slower its compression runs than calibrated; for an all-dense one, how much
-slower transfers run beside the backward pass (on this machine the workers' collectives and
-compute share its cores).
+steps, the overlap slowdown (how much slower transfers run beside the backward pass: on this
+machine the workers' collectives and compute share its cores) is fitted to the measured exchange
+end, as `GradientExchange.check_prediction` does in training.
 
 Predictions: T_comp is the measured compute_synced step less the cost model's time for its
 one-float allreduce (the plain compute step where compute_synced was not run); the exchange's time
@@ -135,7 +133,7 @@ class Trainer:
         self.optimizer = inner if wrap in (None, SYNCED) else wrap(inner)
         self.wrap = wrap
         self.step = self._traced_step()
-        self.fitted_plan = None  # the plan run, with measured ready times and a fitted slowdown (warm_up)
+        self.fitted_plan = None  # the plan run, with measured ready times and overlap slowdown (warm_up)
         self.measured_exchange_s = None  # when its exchange ended, what the slowdown was fitted to
         self.trials = []  # each trial's result (tfcomp.trial.PlanTrial.read) once decided, in warm-up
 
@@ -176,7 +174,7 @@ class Trainer:
             checked = self.exchange.check_prediction()
             if checked is not None and checked["changed"]:
                 self._run_new_plan()
-            self._fit_slowdown()
+            self._fit_overlap_slowdown()
 
     def _run_new_plan(self):
         """Traces the step again for the exchange's new plan and runs it until its trial (if any) has
@@ -188,20 +186,18 @@ class Trainer:
             self.step = self._traced_step()
         self._until_trial_decided()
 
-    def _fit_slowdown(self):
-        """Runs the exchange timeline's window of steps and fits to them the slowdown they tell
-        (`planning.fit_slowdown` of `planning.slowdown_measured_by` the plan: for a plan that
-        compresses, how much slower its compression ran than calibrated; else how much slower
-        transfers ran beside the backward pass), as `GradientExchange.check_prediction` does in
-        training, but whatever the departure and
+    def _fit_overlap_slowdown(self):
+        """Runs the exchange timeline's window of steps and fits the overlap slowdown to them
+        (`planning.fit_overlap_slowdown`: how much slower transfers ran beside the backward pass),
+        as `GradientExchange.check_prediction` does in training, but whatever the departure and
         without re-planning: `fitted_plan` is the plan run (all dense where its trial dropped it)
         with those steps' ready times and exchange end, the latest over the ranks
-        (`GradientExchange.measured_plan`)."""
+        (`GradientExchange.measured_plan`; the end kept as `measured_exchange_s`)."""
         self.run(self.exchange.timeline.window)
         running, end = self.exchange.measured_plan()
-        field = planning.slowdown_measured_by(running)
-        self.fitted_plan = dataclasses.replace(running, cluster=dataclasses.replace(
-            running.cluster, **{field: planning.fit_slowdown(running, end, field)}))
+        slowdown = planning.fit_overlap_slowdown(running, end)
+        self.fitted_plan = dataclasses.replace(
+            running, cluster=dataclasses.replace(running.cluster, overlap_slowdown=slowdown))
         self.measured_exchange_s = end
 
     @property
@@ -323,7 +319,6 @@ def predict(results, trainers):
                                                              plan.cluster, tensors=len(variables)).total
         r["cluster"] = plan.cluster.to_list()
         r["overlap_slowdown"] = plan.cluster.overlap_slowdown
-        r["compression_slowdown"] = plan.cluster.compression_slowdown
         r["plan"] = plan.record()  # what a replay (benchmarks/prediction_replay.py) prices again
         r["measured_exchange_s"] = trainers[r["model"], r["config"]].measured_exchange_s
         r["compute_s"] = compute_time(results, r["model"], plan.cluster)

@@ -6,8 +6,7 @@
 prediction priced (`tfcomp.planning.Plan.record`: buckets, ready times, calibrated figures, fitted
 overlap slowdown) and, for plain Horovod, the gradients' sizes and ready times; since 2026-11-27
 22:30 UTC also the exchange's end measured in the warm-up (what the slowdown was fitted to). This
-prices them again, fitting that slowdown again where the measurement is kept
-(`tfcomp.planning.fit_slowdown` of the slowdown `slowdown_measured_by` the plan now): T = T_comp - the backward pass after the first gradient + the exchange's end, where T_comp is
+prices them again, fitting the overlap slowdown again where that measurement is kept: T = T_comp - the backward pass after the first gradient + the exchange's end, where T_comp is
 the measured compute_synced step less the model's time for its one-float allreduce, as the worker
 computes it. A change to the cost model is then judged on steps already measured, every cell at
 once, without running the grid again; only the measured times are facts, the two predictions
@@ -64,9 +63,8 @@ def replay(grid: dict) -> list:
                 continue
             else:
                 if r.get("measured_exchange_s") is not None:
-                    field = planning.slowdown_measured_by(plan)
-                    fitted = planning.fit_slowdown(plan, r["measured_exchange_s"], field)
-                    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, **{field: fitted}))
+                    fitted = planning.fit_overlap_slowdown(plan, r["measured_exchange_s"])
+                    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, overlap_slowdown=fitted))
                 exchange = planning.predicted_exchange_time(plan)
             measured = {x["config"]: x["measured_s"] for x in results if x["model"] == r["model"]}
             compute = (measured["compute_synced"] - _one_float_allreduce(plan.cluster)

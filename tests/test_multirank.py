@@ -212,8 +212,6 @@ def test_a_departing_exchange_is_re_planned_alike_on_every_rank(reports):
         assert late["departure"] == pytest.approx(2.0) and late["replanned"] is True
         assert 1.0 <= late["overlap_slowdown"] == r["predict/late_slowdown"] <= 20.0
         assert late["recalibrated"] is False  # strategy="dense": no network makes this plan compress
-        # An all-dense plan's exchange tells the transfers' slowdown, not compression's.
-        assert on_time["compression_slowdown"] == late["compression_slowdown"] == 1.0
     for r in reports:
         assert r["predict/dropped"] == [True, False, False, True]
     for key in ("predict/on_time_digest", "predict/late_digest", "predict/late_slowdown"):

@@ -175,7 +175,7 @@ def test_predictions_price_the_fitted_plan_where_warm_up_fitted_one(rng):
     assert results[1]["predicted_s"] == pytest.approx(0.05 - max(ready) + cm.horovod_dense_finish(sizes, ready,
                                                                                                    slowed.cluster))
     assert results[1]["overlap_slowdown"] == results[2]["overlap_slowdown"] == 3.0
-    assert results[2]["measured_exchange_s"] == 0.03 and results[2]["compression_slowdown"] == 1.0
+    assert results[2]["measured_exchange_s"] == 0.03
     assert planning.Plan.from_record(results[2]["plan"], tfcomp.NoCompression()).cluster == slowed.cluster
     # Slower transfers beside the backward pass never end the exchange earlier.
     assert planning.predicted_exchange_time(slowed) >= planning.predicted_exchange_time(plan)

@@ -337,7 +337,7 @@ def test_fitted_overlap_slowdown_reproduces_the_measured_exchange(rng):
                                   ready_seconds=ready)
         true_slowdown = float(rng.uniform(1.2, 10.0))
         measured = planning.predicted_exchange_time(slowed(plan, true_slowdown))
-        fitted = planning.fit_slowdown(plan, measured, "overlap_slowdown")
+        fitted = planning.fit_overlap_slowdown(plan, measured)
         # The least slowdown on the grid (bisected within its step) whose prediction reaches the
         # measurement. The prediction is neither monotone nor continuous in the slowdown (Horovod's
         # fusion: a slower early transfer can fuse more of the later tensors), so it can land past
@@ -348,20 +348,20 @@ def test_fitted_overlap_slowdown_reproduces_the_measured_exchange(rng):
         explained += (fitted <= true_slowdown * SLOWDOWN_GRID[1]
                       and predicted(plan, fitted) == pytest.approx(measured, rel=1e-3))
         # An exchange no slower than predicted needs no slowdown.
-        assert planning.fit_slowdown(plan, planning.predicted_exchange_time(plan) * 0.9) == 1.0
+        assert planning.fit_overlap_slowdown(plan, planning.predicted_exchange_time(plan) * 0.9) == 1.0
         # Beyond any slowdown: the one on the grid predicting the latest end; 1 where none predicts
         # later than 1 (nothing of the plan overlaps the backward pass).
         latest = max(predicted(plan, s) for s in SLOWDOWN_GRID)
-        assert predicted(plan, planning.fit_slowdown(plan, 1e3)) == latest
+        assert predicted(plan, planning.fit_overlap_slowdown(plan, 1e3)) == latest
         overlaps = latest > predicted(plan, 1.0)
         overlapping += overlaps
         if not overlaps:
-            assert planning.fit_slowdown(plan, 1e3) == 1.0
+            assert planning.fit_overlap_slowdown(plan, 1e3) == 1.0
     assert overlapping >= 10  # most random plans overlap: the greatest slowdown is checked
     assert explained >= 15
     for bad in (math.nan, -0.1, math.inf):
         with pytest.raises(ValueError, match="measured_seconds must be finite seconds >= 0"):
-            planning.fit_slowdown(plan, bad)
+            planning.fit_overlap_slowdown(plan, bad)
 
 
 def test_network_explaining_reproduces_the_measured_exchange_with_the_bandwidths_scaled(rng):
@@ -416,7 +416,7 @@ def test_overlap_slowdown_prices_only_transfers_beside_the_backward_pass():
     assert compressed.compressed and not [b for b in compressed.buckets if b.strategy == "dense"]
     assert planning.predicted_exchange_time(slowed(compressed, 4.0)) == planning.predicted_exchange_time(compressed)
     # No slowdown explains a late exchange that overlaps nothing: the fit leaves it at 1.
-    assert planning.fit_slowdown(compressed, 10.0 * planning.predicted_exchange_time(compressed)) == 1.0
+    assert planning.fit_overlap_slowdown(compressed, 10.0 * planning.predicted_exchange_time(compressed)) == 1.0
     # A slowdown measured in training can make compression pay where overlap seemed to hide dense.
     model = cluster(gbps=5.0, c0=1e-3, c1=2e-9)
     ready = [0.0, 0.03, 0.06, 0.09]
@@ -425,45 +425,6 @@ def test_overlap_slowdown_prices_only_transfers_beside_the_backward_pass():
                               ready_seconds=ready)
     assert not fast.compressed and slow.compressed
     assert "transfers 10.00x slower during the backward pass" in slow.table()
-
-
-def test_compression_slowdown_prices_compressed_buckets_and_is_fitted_to_a_compressing_exchange(rng):
-    sizes = [int(n) for n in rng.integers(2**18, 2**21, size=5)]
-    ready = sorted(float(t) for t in rng.uniform(0.0, 0.03, size=5))
-    model = cluster(gbps=float(rng.uniform(0.2, 0.5)), c0=1e-4, c1=float(rng.uniform(1e-9, 3e-9)))
-    compressor = tfcomp.DRAGONN(0.01)
-    plan = planning.make_plan(backprop(sizes), compressor, model, ready_seconds=ready)
-    assert plan.compressed and planning.slowdown_measured_by(plan) == "compression_slowdown"
-    assert planning.slowdown_measured_by(plan.all_dense()) == "overlap_slowdown"
-
-    def with_slowdown(p, slowdown):
-        return dataclasses.replace(p, cluster=dataclasses.replace(p.cluster, compression_slowdown=slowdown))
-
-    # The compressed buckets' compression (and the fixed cost) takes that many times as long; dense
-    # transfers are left alone.
-    compression = sum(b.predicted.compression for b in plan.compressed) + model.compression_fixed
-    assert planning.predicted_exchange_time(with_slowdown(plan, 3.0)) >= (
-        planning.predicted_exchange_time(plan) + 2.0 * compression * (1 - 1e-9))
-    assert planning.all_dense_time(with_slowdown(plan, 3.0)) == planning.all_dense_time(plan)
-    bucket = plan.compressed[0]
-    assert planning.in_training(bucket.predicted, with_slowdown(plan, 3.0).cluster) == pytest.approx(
-        bucket.predicted.communication + 3.0 * bucket.predicted.compression)
-    # The fit recovers it from the exchange's end, and a compressing exchange's end tells nothing of
-    # the overlap of transfers it does not run beside the backward pass.
-    true_slowdown = float(rng.uniform(1.3, 6.0))
-    measured = planning.predicted_exchange_time(with_slowdown(plan, true_slowdown))
-    fitted = planning.fit_slowdown(plan, measured, "compression_slowdown")
-    assert fitted == pytest.approx(true_slowdown, rel=1e-3)
-    assert planning.fit_slowdown(plan, 0.9 * planning.predicted_exchange_time(plan), "compression_slowdown") == 1.0
-    assert planning.fit_slowdown(plan.all_dense(), 1e3, "compression_slowdown") == 1.0  # nothing to slow
-    with pytest.raises(ValueError, match="field must be one of"):
-        planning.fit_slowdown(plan, measured, "gamma")
-    # Priced slower, compressing pays less: the planner goes dense where it paid only a little.
-    slow = planning.make_plan(backprop(sizes), compressor, dataclasses.replace(model, compression_slowdown=20.0),
-                              ready_seconds=ready)
-    assert planning.predicted_exchange_time(slow) <= planning.predicted_exchange_time(
-        with_slowdown(plan, 20.0)) * (1 + 1e-12)
-    assert "compression 3.00x slower than calibrated" in with_slowdown(plan, 3.0).table()
 
 
 @pytest.mark.parametrize("strategy, field", [("partitioned", "partitioned_per_slot"), ("artopk", "artopk_per_slot")])

@@ -115,20 +115,6 @@ def test_stock_horovod_overlaps_the_backward_pass_and_the_tfcomp_plan_does_not(r
     assert any("backprop order in proportion" in a for a in out["assumptions"])
 
 
-def test_compression_slowdown_lengthens_the_compressed_rows_and_not_dense(rng):
-    slowdown = float(rng.uniform(1.5, 4))
-    common = ["--params", "8M", "--workers", "2", "--bandwidth", "1Gbit/s", "--encode-ms", "5", "--decode-ms", "2",
-              "--json"]
-    plain = json.loads(run(*common).stdout)
-    slowed = json.loads(run(*common, "--compression-slowdown", str(slowdown)).stdout)
-    assert slowed["inputs"]["compression_slowdown"] == slowdown
-    assert any("compression in the training step" in a and f"{slowdown:g}x" in a for a in slowed["assumptions"])
-    for before, after in zip(plain["strategies"], slowed["strategies"]):
-        assert after["compression_s"] == pytest.approx(slowdown * before["compression_s"])
-        assert after["total_s"] == pytest.approx(before["total_s"] + (slowdown - 1) * before["compression_s"])
-    assert plain["strategies"][0]["compression_s"] == 0 and plain["strategies"][1]["compression_s"] > 0
-
-
 def test_overlap_slowdown_slows_what_overlaps_the_backward_pass(rng):
     """Stock Horovod's allreduce overlaps a long backward pass; with transfers 2 to 4x slower beside
     it, it ends later, while the one-bucket rows, which start after the pass, do not change."""
@@ -277,8 +263,6 @@ def test_randomk_offers_its_allreduce_and_quantisers_their_allgather():
     (["--params", "abc"], "--params must be a number of elements, e.g. 126000000, 1.2e8 or 25.6M; got 'abc'"),
     (["--params", "100", "--encode-ms", "1", "--overlap-slowdown", "0.5"], "--overlap-slowdown must be a number from 1 to 20"),
     (["--params", "100", "--encode-ms", "1", "--overlap-slowdown", "nan"], "--overlap-slowdown must be a number from 1 to 20"),
-    (["--params", "100", "--encode-ms", "1", "--compression-slowdown", "0.9"],
-     "--compression-slowdown must be a number from 1 to 20"),
     (["--bandwidth", "1Gbps"], "one of the arguments --params --profile is required"),
     (["--profile", "/nonexistent/profile.json"], "--profile '/nonexistent/profile.json' is not a readable profile"),
 ])

@@ -343,7 +343,6 @@ CLUSTER_LIMITS = {
 _STRATEGY_PER_SLOT = {"partitioned": "partitioned_per_slot", "artopk": "artopk_per_slot"}
 _LIST_FIELDS = ("workers", *CLUSTER_LIMITS)
 MAX_OVERLAP_SLOWDOWN = 20.0  # ClusterModel.overlap_slowdown's greatest value
-MAX_COMPRESSION_SLOWDOWN = 20.0  # ClusterModel.compression_slowdown's greatest value
 
 
 def transfer_end(start: float, seconds: float, busy_until: float, slowdown: float) -> float:
@@ -379,15 +378,9 @@ class ClusterModel:
     artopk_per_slot: float = 0.0
     # How many times longer a transfer takes while the backward pass still computes on the same
     # device (the two compete for it; 000's gamma seen from the network's side). Fitted in training
-    # from the exchange's timeline (`tfcomp.planning.fit_slowdown`), not by calibration, so
+    # from the exchange's timeline (`tfcomp.planning.fit_overlap_slowdown`), not by calibration, so
     # not in `to_list`; 1: a transfer during the backward pass is as fast as one after it.
     overlap_slowdown: float = 1.0
-    # How many times longer a compressed bucket's compression (and `compression_fixed`) takes in the
-    # training step than calibration's probes measured it computing alone: in training it shares the
-    # device with the collectives in flight and the rest of the step (on 2 emulated hosts of this
-    # machine's CPU, 1.8 to 2.9x for the giant, CNN and ViT models). Fitted in training like
-    # `overlap_slowdown` (`tfcomp.planning.fit_slowdown`), not in `to_list`; 1: as calibrated.
-    compression_slowdown: float = 1.0
 
     def __post_init__(self):
         self.validate()
@@ -405,12 +398,11 @@ class ClusterModel:
         for field in CLUSTER_LIMITS:
             owner, _, name = field.rpartition(".")
             _check_figure(field, getattr(getattr(self, owner), name) if owner else getattr(self, name))
-        for field, greatest in (("overlap_slowdown", MAX_OVERLAP_SLOWDOWN),
-                                ("compression_slowdown", MAX_COMPRESSION_SLOWDOWN)):
-            slowdown = getattr(self, field)
-            if isinstance(slowdown, bool) or not isinstance(slowdown, numbers.Real) or not (
-                    1.0 <= slowdown <= greatest):
-                raise ValueError(f"ClusterModel.{field} must be a finite number in [1, {greatest:g}], got {slowdown!r}")
+        slowdown = self.overlap_slowdown
+        if isinstance(slowdown, bool) or not isinstance(slowdown, numbers.Real) or not (
+                1.0 <= slowdown <= MAX_OVERLAP_SLOWDOWN):
+            raise ValueError(f"ClusterModel.overlap_slowdown must be a finite number in [1, {MAX_OVERLAP_SLOWDOWN:g}], "
+                             f"got {slowdown!r}")
         return self
 
     def to_list(self) -> list:

@@ -417,9 +417,8 @@ class GradientExchange(tf.Module):
         latest over the ranks), with what the cost model predicts for the plan being run (all dense
         where its trial dropped it) given the same measured ready times, and re-plans where they
         differ by more than `threshold` (a fraction of the prediction, > 0): first with the
-        slowdown the measurement tells fitted to it (`tfcomp.planning.fit_slowdown`: for a plan that
-        compresses, how much slower its compression runs in the step than calibrated; for an
-        all-dense one, how much slower transfers run beside the backward pass), and, where that does not bring the
+        overlap slowdown fitted to the measurement (`tfcomp.planning.fit_overlap_slowdown`: how much
+        slower transfers run beside the backward pass), and, where that does not bring the
         prediction within `threshold` (the network or the compression costs are off), with the
         cluster calibrated again (the networks measured, the compression costs from the cache; once a
         job, and for an all-dense plan only where a network that explains the measurement would make
@@ -439,7 +438,7 @@ class GradientExchange(tf.Module):
         "replanned" (whether the figures were fitted again), "changed" (whether the plan's buckets
         did, or its all-dense plan was installed again without a flush of residuals it has sent
         (`_settle`): then trace the step again, as after `replan`), "overlap_slowdown",
-        "compression_slowdown", "recalibrated"}."""
+        "recalibrated"}."""
         if not threshold > 0.0:
             raise ValueError(f"threshold must be a fraction > 0 of the predicted exchange time, got {threshold!r}")
         entry = self._replannable()
@@ -456,15 +455,14 @@ class GradientExchange(tf.Module):
         departure = measured / predicted - 1.0 if predicted > 0.0 else 0.0
         result = {"predicted_seconds": predicted, "measured_seconds": measured, "departure": departure,
                   "replanned": False, "changed": False, "overlap_slowdown": running.cluster.overlap_slowdown,
-                  "compression_slowdown": running.cluster.compression_slowdown, "recalibrated": False}
+                  "recalibrated": False}
         if abs(departure) <= threshold or self._plan_dropped():
             result["changed"] = self._settle(entry, running)
             return result
 
-        field = planning.slowdown_measured_by(running)
-
-        def fitted(cluster):  # the fit prices every value it tries itself: the cluster's own is not used
-            return replace(cluster, **{field: planning.fit_slowdown(replace(running, cluster=cluster), measured, field)})
+        def fitted(cluster):  # the fit prices every slowdown it tries itself: the cluster's own is not used
+            slowdown = planning.fit_overlap_slowdown(replace(running, cluster=cluster), measured)
+            return replace(cluster, overlap_slowdown=slowdown)
 
         cluster = fitted(running.cluster)
         unexplained = abs(measured / planning.predicted_exchange_time(replace(running, cluster=cluster)) - 1.0) > threshold
@@ -476,14 +474,11 @@ class GradientExchange(tf.Module):
                 cluster = fitted(self._planner.recalibrate(entry.tensors))
             result["recalibrated"] = self._recalibrated = True
         self._planner.cluster = cluster
-        result.update(replanned=True, changed=self._plan_again(entry, ready), overlap_slowdown=cluster.overlap_slowdown,
-                      compression_slowdown=cluster.compression_slowdown)
+        result.update(replanned=True, changed=self._plan_again(entry, ready), overlap_slowdown=cluster.overlap_slowdown)
         if self._collectives.rank == 0:
             logging.info("tfcomp: the exchange ended %.1f ms after the first gradient where %.1f ms were predicted "
-                         "(%+.0f %%); re-planned with transfers %.2fx slower beside the backward pass and "
-                         "compression %.2fx slower than calibrated%s: %s",
+                         "(%+.0f %%); re-planned with transfers %.2fx slower beside the backward pass%s: %s",
                          1e3 * measured, 1e3 * predicted, 100.0 * departure, cluster.overlap_slowdown,
-                         cluster.compression_slowdown,
                          " and the cluster calibrated again" if result["recalibrated"] else "",
                          "a new plan\n" + self.plan.table() if result["changed"] else "the plan stays")
         return result
@@ -495,8 +490,8 @@ class GradientExchange(tf.Module):
         the latest over the ranks (a collective waits for its slowest rank; one allgather). None
         where there is nothing measured yet (no plan, one worker, no step run). Call it eagerly,
         on every rank at the same step. `tfcomp.planning.predicted_exchange_time` of the plan is
-        what `check_prediction` compares with the seconds, and `planning.fit_slowdown` fits the
-        slowdown that explains them."""
+        what `check_prediction` compares with the seconds, and `planning.fit_overlap_slowdown`
+        fits the slowdown that explains them."""
         entry = self._plans.get(self._last_key)
         if entry is None or self._collectives.size < 2 or not entry.tensors:
             return None

@@ -14,9 +14,8 @@ all dense becomes all dense. No training step is probed: it is arithmetic on cal
 
 With the gradients' ready times (measured in training: `tfcomp.timeline`) a bucket may start before
 the backward pass ends, and plans are priced by when their exchange ends; how much slower a transfer
-runs while the backward pass computes beside it, and how much slower compression runs in the
-training step than calibration measured it, are fitted to a measured exchange by `fit_slowdown`
-(the one `slowdown_measured_by` the plan).
+runs while the backward pass computes beside it is fitted to a measured exchange by
+`fit_overlap_slowdown`.
 
 `per_tensor_plan` is the plan with planning="off": one bucket per tensor; `dense_plan` the plan
 of an exchange whose calibration runs between its first training steps: everything dense.
@@ -37,8 +36,8 @@ import math
 from tfcomp import cost_model as cm
 
 __all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain", "dense_plan", "digest",
-           "fit_slowdown", "in_training", "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan",
-           "predicted_exchange_time", "slowdown_measured_by"]
+           "fit_overlap_slowdown", "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan",
+           "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
@@ -115,7 +114,6 @@ class Plan:
                 "names": sorted(self.names.items()), "sizes": sorted(self.sizes.items()),
                 "ready": sorted(self.ready.items()), "cluster": self.cluster.to_list(),
                 "overlap_slowdown": self.cluster.overlap_slowdown,
-                "compression_slowdown": self.cluster.compression_slowdown,
                 "compressor": [type(self.compressor).__name__, self.compressor.get_config()]}
 
     @classmethod
@@ -127,8 +125,7 @@ class Plan:
                                 dense_seconds)
                          for positions, elements, strategy, communication, compression, dense_seconds in rows)
         cluster = dataclasses.replace(cm.ClusterModel.from_list(record["cluster"]),
-                                      overlap_slowdown=record["overlap_slowdown"],
-                                      compression_slowdown=record["compression_slowdown"])
+                                      overlap_slowdown=record["overlap_slowdown"])
         return cls(buckets(record["buckets"]), {int(p): n for p, n in record["names"]}, compressor, cluster,
                    ready={int(p): t for p, t in record["ready"]}, dense_buckets=buckets(record["dense_buckets"]),
                    sizes={int(p): n for p, n in record["sizes"]})
@@ -139,14 +136,12 @@ class Plan:
                  f"(allreduce {_rate(self.cluster.allreduce)}, allgather {_rate(self.cluster.allgather)}, "
                  f"compressing at all {1e3 * self.cluster.compression_fixed:.3f} ms a step"
                  + (f", transfers {self.cluster.overlap_slowdown:.2f}x slower during the backward pass"
-                    if self.cluster.overlap_slowdown != 1.0 else "")
-                 + (f", compression {self.cluster.compression_slowdown:.2f}x slower than calibrated"
-                    if self.cluster.compression_slowdown != 1.0 else "") + ")",
+                    if self.cluster.overlap_slowdown != 1.0 else "") + ")",
                  f"{'bucket':>6s} {'tensors':>7s} {'elements':>11s} {'strategy':>10s} {'predicted ms':>12s} "
                  f"{'dense ms':>9s}  first tensor"]
         for i, b in enumerate(self.buckets):
             lines.append(f"{i:6d} {len(b.positions):7d} {b.elements:11d} {b.strategy:>10s} "
-                         f"{1e3 * in_training(b.predicted, self.cluster):12.3f} {1e3 * b.dense_seconds:9.3f}  {self.names[b.positions[0]]}")
+                         f"{1e3 * b.predicted.total:12.3f} {1e3 * b.dense_seconds:9.3f}  {self.names[b.positions[0]]}")
         if any(self.ready.values()):
             lines.append(f"gradients ready over {1e3 * max(self.ready.values()):.3f} ms of the backward pass; the "
                          f"exchange ends {1e3 * predicted_exchange_time(self):.3f} ms after the first with this plan, "
@@ -180,18 +175,12 @@ def _units(sizes: list) -> list:
     return units
 
 
-def in_training(time: cm.StrategyTime, cluster: cm.ClusterModel) -> float:
-    """Seconds of a bucket priced `time` in the training step: its communication, and its
-    compression `cluster.compression_slowdown` times as long as calibrated."""
-    return time.communication + cluster.compression_slowdown * time.compression
-
-
 def _cheapest(elements: int, tensors: int, strategies, compressor, cluster) -> tuple:
     """(strategy, StrategyTime) with the smallest total; the earliest listed (dense) on ties."""
     best = None
     for strategy in strategies:
         t = cm.strategy_time(strategy, elements, compressor, cluster, tensors=tensors, alone=False)
-        if best is None or in_training(t, cluster) < in_training(best[1], cluster):
+        if best is None or t.total < best[1].total:
             best = (strategy, t)
     return best
 
@@ -325,7 +314,7 @@ def _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups
             for i in range(y - 1, j):
                 if finish[y - 1][i] == inf:
                     continue
-                t = cm.transfer_end(max(unit_ready[j - 1], finish[y - 1][i]), in_training(cost[i, j][1], cluster), backward_end,
+                t = cm.transfer_end(max(unit_ready[j - 1], finish[y - 1][i]), cost[i, j][1].total, backward_end,
                                     cluster.overlap_slowdown)
                 if t < finish[y][j]:
                     finish[y][j], choice[y][j] = t, i
@@ -422,11 +411,11 @@ def predicted_exchange_time(plan: Plan) -> float:
     backward_end = max(plan.ready.values(), default=0.0)
     computing = backward_end  # the device is busy with the backward pass until then
     for strategy, buckets in sorted(groups.items(), key=lambda item: max(map(ready_of, item[1]))):
-        computing += cluster.compression_slowdown * sum(b.predicted.compression for b in buckets)
+        computing += sum(b.predicted.compression for b in buckets)
         network = _group_communication(strategy, [b.elements for b in buckets], compressor, cluster)
         collectives.append((computing, network + cm.WIRE_TENSORS * len(buckets) * per_tensor))
     end = max(cm.network_queue_end(dense, collectives, cluster, backward_end), backward_end)
-    return end + (cluster.compression_slowdown * cluster.compression_fixed if plan.compressed else 0.0)
+    return end + (cluster.compression_fixed if plan.compressed else 0.0)
 
 
 def _group_communication(strategy: str, elements: list, compressor, cluster: cm.ClusterModel) -> float:
@@ -476,48 +465,33 @@ def replacement(running: Plan, new: Plan, min_gain: float, *, compressing: bool 
     return new
 
 
-GRID_POINTS = 65  # `fit_slowdown` and `network_explaining` try this many values (odd: the middle
+GRID_POINTS = 65  # `fit_overlap_slowdown` and `network_explaining` try this many values (odd: the middle
 #                   one, factor 1, is on `network_explaining`'s grid) before bisecting
 
 
-SLOWDOWNS = {"overlap_slowdown": cm.MAX_OVERLAP_SLOWDOWN, "compression_slowdown": cm.MAX_COMPRESSION_SLOWDOWN}
+def fit_overlap_slowdown(plan: Plan, measured_seconds: float, tolerance: float = 1e-4) -> float:
+    """The least `ClusterModel.overlap_slowdown` (in [1, cm.MAX_OVERLAP_SLOWDOWN]) with which
+    `predicted_exchange_time(plan)` reaches `measured_seconds`, the exchange's end measured with
+    `plan` run (its `ready` the measured ready times): 1 where the plan is predicted to end no
+    earlier than measured; where no slowdown explains the measurement, the one predicting the
+    latest end (1 where no slowdown changes the prediction: nothing of the plan overlaps the
+    backward pass).
 
-
-def slowdown_measured_by(plan: Plan) -> str:
-    """The `ClusterModel` slowdown a measured exchange of `plan` tells: "compression_slowdown" where
-    the plan compresses (its exchange ends with the compressed buckets' collectives, after their
-    encode and decode: on this machine's emulated hosts it ran 1.8 to 2.9x past the prediction
-    there, and transfers beside the backward pass do not explain that), else "overlap_slowdown"."""
-    return "compression_slowdown" if plan.compressed else "overlap_slowdown"
-
-
-def fit_slowdown(plan: Plan, measured_seconds: float, field: str = "overlap_slowdown",
-                 tolerance: float = 1e-4) -> float:
-    """The least value of the `ClusterModel` slowdown `field` (a key of `SLOWDOWNS`: in [1, its
-    greatest]) with which `predicted_exchange_time(plan)` reaches `measured_seconds`, the exchange's
-    end measured with `plan` run (its `ready` the measured ready times), the cluster's other figures
-    as they are: 1 where the plan is predicted to end no earlier than measured; where no value
-    explains the measurement, the one predicting the latest end (1 where none changes the
-    prediction: for "overlap_slowdown", nothing of the plan overlaps the backward pass; for
-    "compression_slowdown", the plan compresses nothing).
-
-    The prediction is not monotone in a slowdown: a slower transfer during the backward pass (or a
-    later compressed collective) can let Horovod fuse more of the later dense tensors into one
-    allreduce, paying fewer latencies. Nor is it continuous: a fusion gained or lost is a jump, so
-    the prediction reached can exceed the measurement by about a tensor's latency. So the values
-    are tried on a grid (`GRID_POINTS`, evenly spaced in log) and the step before the first that
-    reaches the measurement is bisected to `tolerance`."""
-    if field not in SLOWDOWNS:
-        raise ValueError(f"field must be one of {sorted(SLOWDOWNS)}, got {field!r}")
+    The prediction is not monotone in the slowdown: a slower transfer during the backward pass can
+    let Horovod fuse more of the later dense tensors into one allreduce, paying fewer latencies. Nor
+    is it continuous: a fusion gained or lost is a jump, so the prediction reached can exceed the
+    measurement by about a tensor's latency. So the slowdowns are tried on a grid (`GRID_POINTS`,
+    evenly spaced in log) and the step before the first that reaches the measurement is bisected
+    to `tolerance`."""
     if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):
         raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
 
     @functools.cache  # where no slowdown reaches the measurement, the grid's predictions pick the latest
     def predicted(slowdown: float) -> float:
-        cluster = dataclasses.replace(plan.cluster, **{field: slowdown})
+        cluster = dataclasses.replace(plan.cluster, overlap_slowdown=slowdown)
         return predicted_exchange_time(dataclasses.replace(plan, cluster=cluster))
 
-    grid = _log_grid(1.0, SLOWDOWNS[field])
+    grid = _log_grid(1.0, cm.MAX_OVERLAP_SLOWDOWN)
     fitted = _first_reaching(lambda slowdown: predicted(slowdown) >= measured_seconds, grid, tolerance)
     if fitted is None:
         return max(grid, key=lambda slowdown: (predicted(slowdown), -slowdown))
@@ -561,7 +535,7 @@ def network_explaining(plan: Plan, measured_seconds: float, tolerance: float = 1
     does; the cluster unchanged where no bandwidth changes the prediction).
 
     The prediction shrinks as the bandwidths grow, but not strictly nor continuously (a faster
-    transfer can leave Horovod fewer tensors to fuse), so as in `fit_slowdown` the factors
+    transfer can leave Horovod fewer tensors to fuse), so as in `fit_overlap_slowdown` the factors
     are tried on a grid (`GRID_POINTS`, evenly spaced in log) and the step before the first whose
     prediction is no later than measured is bisected (on the factor's log, to `tolerance`)."""
     if not (measured_seconds >= 0.0 and math.isfinite(measured_seconds)):

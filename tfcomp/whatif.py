@@ -91,10 +91,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--overlap-slowdown", type=float, default=1.0,
                         help="how many times slower a transfer runs while the backward pass computes beside it "
                              "(tfcomp fits it in training: exchange.plan.cluster.overlap_slowdown; default 1)")
-    parser.add_argument("--compression-slowdown", type=float, default=1.0,
-                        help="how many times longer compression takes in the training step than the encode and "
-                             "decode times assumed (tfcomp fits it in training: "
-                             "exchange.plan.cluster.compression_slowdown; default 1)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", metavar="FILE.png", help="draw predicted step time against bandwidth")
     return parser
@@ -216,9 +212,8 @@ def predict(elements: int, compressor, cluster: cm.ClusterModel, compute_seconds
     rows = []
     for name, strategy, tree in _strategies(compressor):
         t = cm.strategy_time(strategy, elements, compressor, cluster, tree=tree, tensors=tensors)
-        rows.append({"name": name, "communication_s": t.communication,
-                     "compression_s": cluster.compression_slowdown * t.compression,
-                     "total_s": compute_seconds + planning.in_training(t, cluster), "runs_in_tfcomp": not tree})
+        rows.append({"name": name, "communication_s": t.communication, "compression_s": t.compression,
+                     "total_s": compute_seconds + t.total, "runs_in_tfcomp": not tree})
     return {"strategies": rows}
 
 
@@ -257,7 +252,7 @@ def _prediction(tensors: list, ready: list, compressor, cluster: cm.ClusterModel
 def _compression_cluster(args, network: cm.Network, compressor, sizes: list) -> tuple:
     """The cluster model and the sentence saying what its compression costs assume."""
     cluster = cm.ClusterModel(args.workers, network, network, cm.AffineCost(0.0, 0.0),
-                              overlap_slowdown=args.overlap_slowdown, compression_slowdown=args.compression_slowdown)
+                              overlap_slowdown=args.overlap_slowdown)
     if cm.available_strategies(compressor) == ("dense",):
         return cluster, "compression: none (a dense compressor)"
     if args.measure_here:
@@ -368,10 +363,9 @@ def _run(argv) -> int:
         raise _UsageError(str(error)) from None
     if args.workers < 1:
         raise _UsageError(f"--workers must be an integer >= 1, got {args.workers}")
-    for flag, value, greatest in (("--overlap-slowdown", args.overlap_slowdown, cm.MAX_OVERLAP_SLOWDOWN),
-                                  ("--compression-slowdown", args.compression_slowdown, cm.MAX_COMPRESSION_SLOWDOWN)):
-        if not 1.0 <= value <= greatest:
-            raise _UsageError(f"{flag} must be a number from 1 to {greatest:g}, got {value!r}")
+    if not 1.0 <= args.overlap_slowdown <= cm.MAX_OVERLAP_SLOWDOWN:
+        raise _UsageError(f"--overlap-slowdown must be a number from 1 to {cm.MAX_OVERLAP_SLOWDOWN:g}, got "
+                          f"{args.overlap_slowdown!r}")
     if args.decode_ms and args.encode_ms is None:
         raise _UsageError("--decode-ms goes with --encode-ms")
     if args.tensors < 1 or (params is not None and args.tensors > params):
@@ -406,16 +400,12 @@ def _run(argv) -> int:
                        f"{1e3 * cm.HOROVOD_CYCLE_SECONDS:g} ms; the network is the asked one for every collective")
     assumptions.append(f"transfers during the backward pass {args.overlap_slowdown:g}x slower than after it "
                        "(--overlap-slowdown)")
-    if cm.available_strategies(compressor) != ("dense",):
-        assumptions.append(f"compression in the training step {args.compression_slowdown:g}x as long as assumed "
-                           "above (--compression-slowdown)")
     if args.json:
         inputs = {"elements": sum(n for _, n in tensors), "tensors": len(tensors), "workers": args.workers,
                   "latency_s": network.latency, "bandwidth_bytes_per_s": network.bandwidth,
                   "compressor": repr(compressor), "forward_s": forward, "backward_s": backward,
                   "encode_ms": args.encode_ms, "decode_ms": args.decode_ms, "measure_here": args.measure_here,
-                  "device": args.device, "overlap_slowdown": args.overlap_slowdown,
-                  "compression_slowdown": args.compression_slowdown}
+                  "device": args.device, "overlap_slowdown": args.overlap_slowdown}
         print(json.dumps({"inputs": inputs, "assumptions": assumptions, **result}))
     else:
         print(_text(args, named, compressor, assumptions, result, plan))
