@@ -6,10 +6,11 @@
 prediction priced (`tfcomp.planning.Plan.record`: buckets, ready times, calibrated figures, fitted
 overlap slowdown) and, for plain Horovod, the gradients' sizes and ready times; since 2026-11-27
 22:30 UTC also the exchange's end measured in the warm-up (what the slowdown was fitted to). This
-prices them again, fitting the overlap slowdown again where that measurement is kept: T = T_comp - the backward pass after the first gradient + the exchange's end, where T_comp is
-the measured compute_synced step less the model's time for its one-float allreduce, as the worker
-computes it. A change to the cost model is then judged on steps already measured, every cell at
-once, without running the grid again; only the measured times are facts, the two predictions
+prices them again, fitting the overlap slowdown again where that measurement is kept: T = T_comp -
+the backward pass after the first gradient + the exchange's end, with T_comp from the measured
+compute steps as the worker computes it now (`network_worker.compute_time`). A change to the cost
+model (or to how the worker derives T_comp) is then judged on steps already measured, every cell
+at once, without running the grid again; only the measured times are facts, the two predictions
 (as recorded, and now) are the model's. Grids written before 2026-11-27 22:00 UTC carry no plans.
 """
 
@@ -38,15 +39,10 @@ def _compressor(record: dict):
     return getattr(tfcomp, name)(**config)
 
 
-def _one_float_allreduce(cluster) -> float:
-    import tfcomp
-    from tfcomp import cost_model as cm
-    return cm.strategy_time("dense", 1, tfcomp.NoCompression(), cluster, tensors=1).total
-
-
 def replay(grid: dict) -> list:
     """One row per prediction of `grid` (network_validation's JSON: {setting: {"results": [...]}})
     that kept its plan: setting, model, config, measured, predicted as recorded, and now (seconds)."""
+    from benchmarks.network_worker import compute_time
     from tfcomp import cost_model as cm
     from tfcomp import planning
     rows = []
@@ -66,10 +62,7 @@ def replay(grid: dict) -> list:
                     fitted = planning.fit_overlap_slowdown(plan, r["measured_exchange_s"])
                     plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, overlap_slowdown=fitted))
                 exchange = planning.predicted_exchange_time(plan)
-            measured = {x["config"]: x["measured_s"] for x in results if x["model"] == r["model"]}
-            compute = (measured["compute_synced"] - _one_float_allreduce(plan.cluster)
-                       if "compute_synced" in measured else measured["compute"])
-            now = compute - max(plan.ready.values(), default=0.0) + exchange
+            now = compute_time(results, r["model"], plan.cluster) - max(plan.ready.values(), default=0.0) + exchange
             rows.append({"setting": setting, "model": r["model"], "config": r["config"],
                          "measured_s": r["measured_s"], "recorded_s": r["predicted_s"], "now_s": now})
     return rows

@@ -105,13 +105,19 @@ def test_plan_against_horovod_shows_rounds_and_trials():
     assert "| unshaped | giant | plan | allgather | none | 1.250 | 1.250 (1.25 to 1.25) |" in text
 
 
-def test_compute_time_takes_the_synced_step_less_its_modelled_allreduce(rng):
+def test_compute_time_takes_the_synced_step_less_its_modelled_allreduce_at_least_the_compute_step(rng):
     cluster = cm.ClusterModel(2, cm.Network(float(rng.uniform(1e-5, 1e-3)), 1e9), cm.Network(1e-4, 1e9),
                               cm.AffineCost(0.0, 0.0), float(rng.uniform(0, 1e-4)))
     sync = cm.ring_allreduce(4, 2, cluster.allreduce) + cluster.per_tensor
     results = [result("m", "compute", 0.005), result("m", "compute_synced", 0.009)]
     assert compute_time(results, "m", cluster) == pytest.approx(0.009 - sync)
     assert compute_time(results[:1], "m", cluster) == 0.005
+    assert compute_time(results[1:], "m", cluster) == pytest.approx(0.009 - sync)
+    # Calibration's latency above what the allreduce adds to the step: the compute step bounds it.
+    slow = dataclasses.replace(cluster, allreduce=cm.Network(0.004, 1e9))
+    assert compute_time(results, "m", slow) == 0.005
+    assert compute_time(results[1:], "m", slow) == pytest.approx(0.009 - cm.ring_allreduce(4, 2, slow.allreduce)
+                                                                 - cluster.per_tensor)
 
 
 class _Trainer:
