@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfcomp
-from benchmarks.network_validation import summarise
+from benchmarks.network_validation import _cache_text, summarise
 from benchmarks.prediction_replay import replay, summary
 from benchmarks.network_worker import Trainer, compute_time, predict
 from tfcomp import cost_model as cm
@@ -213,3 +213,9 @@ def test_a_replay_prices_the_kept_plans_as_the_worker_did_and_fits_their_slowdow
     del results[2]["measured_exchange_s"]
     assert replay({"1gbit": {"results": results}})[1]["now_s"] == pytest.approx(results[2]["predicted_s"])
     assert replay({"1gbit": {"results": [result("m", "plan", 0.1, 0.1)]}}) == []
+
+
+def test_the_header_says_how_the_workers_ran_horovods_response_cache():
+    assert _cache_text(None, None) == "on (Horovod's default capacity)"
+    assert _cache_text(0, "512") == "off"  # the flag wins over the inherited variable
+    assert _cache_text(None, "0") == "off" and _cache_text(None, "512") == "capacity 512"
