@@ -34,8 +34,8 @@ def _compressor(record: dict):
     """The compressor a plan record names: tfcomp's class of that name, made with its arguments."""
     import tfcomp
     name, config = record["compressor"]
-    if name not in tfcomp.__all__:
-        raise ValueError(f"a plan record's compressor must name a tfcomp compressor, got {name!r}")
+    if name not in tfcomp.__all__ or not isinstance(getattr(tfcomp, name), type):
+        raise ValueError(f"a plan record's compressor must name a tfcomp compressor class, got {name!r}")
     return getattr(tfcomp, name)(**config)
 
 

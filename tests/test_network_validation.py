@@ -213,6 +213,10 @@ def test_a_replay_prices_the_kept_plans_as_the_worker_did_and_fits_their_slowdow
     del results[2]["measured_exchange_s"]
     assert replay({"1gbit": {"results": results}})[1]["now_s"] == pytest.approx(results[2]["predicted_s"])
     assert replay({"1gbit": {"results": [result("m", "plan", 0.1, 0.1)]}}) == []
+    for name in ("planning", "os"):
+        results[2]["plan"]["compressor"] = [name, {}]
+        with pytest.raises(ValueError, match="must name a tfcomp compressor class"):
+            replay({"1gbit": {"results": results}})
 
 
 def test_the_header_says_how_the_workers_ran_horovods_response_cache():
