@@ -196,9 +196,7 @@ class Trainer:
         (`GradientExchange.measured_plan`; the end kept as `measured_exchange_s`)."""
         self.run(self.exchange.timeline.window)
         running, end = self.exchange.measured_plan()
-        slowdown = planning.fit_overlap_slowdown(running, end)
-        self.fitted_plan = dataclasses.replace(
-            running, cluster=dataclasses.replace(running.cluster, overlap_slowdown=slowdown))
+        self.fitted_plan = with_fitted_overlap_slowdown(running, end)
         self.measured_exchange_s = end
 
     @property
@@ -326,6 +324,13 @@ def predict(results, trainers):
         # The backward pass after the step's first gradient is in T_comp and in the exchange's time.
         r["overlapped_s"] = max(plan.ready.values(), default=0.0)
         r["predicted_s"] = r["compute_s"] - r["overlapped_s"] + r["predicted_exchange_s"]
+
+
+def with_fitted_overlap_slowdown(plan, measured_exchange_s):
+    """`plan` with the overlap slowdown fitted to its exchange measured ending `measured_exchange_s`
+    after the first gradient (`planning.fit_overlap_slowdown`)."""
+    slowdown = planning.fit_overlap_slowdown(plan, measured_exchange_s)
+    return dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, overlap_slowdown=slowdown))
 
 
 def compute_time(results, model_name, cluster):

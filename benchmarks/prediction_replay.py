@@ -14,7 +14,6 @@ at once, without running the grid again; only the measured times are facts, the 
 (as recorded, and now) are the model's. Grids written before 2026-11-27 22:00 UTC carry no plans.
 """
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -42,7 +41,7 @@ def _compressor(record: dict):
 def replay(grid: dict) -> list:
     """One row per prediction of `grid` (network_validation's JSON: {setting: {"results": [...]}})
     that kept its plan: setting, model, config, measured, predicted as recorded, and now (seconds)."""
-    from benchmarks.network_worker import compute_time
+    from benchmarks.network_worker import compute_time, with_fitted_overlap_slowdown
     from tfcomp import cost_model as cm
     from tfcomp import planning
     rows = []
@@ -59,8 +58,7 @@ def replay(grid: dict) -> list:
                 continue
             else:
                 if r.get("measured_exchange_s") is not None:
-                    fitted = planning.fit_overlap_slowdown(plan, r["measured_exchange_s"])
-                    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, overlap_slowdown=fitted))
+                    plan = with_fitted_overlap_slowdown(plan, r["measured_exchange_s"])
                 exchange = planning.predicted_exchange_time(plan)
             now = compute_time(results, r["model"], plan.cluster) - max(plan.ready.values(), default=0.0) + exchange
             rows.append({"setting": setting, "model": r["model"], "config": r["config"],
