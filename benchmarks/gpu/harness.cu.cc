@@ -29,6 +29,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -251,18 +252,33 @@ void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
   };
   d_values.Poison();
   d_indices.Poison();
-  RunWithScratch([&](void* scratch, size_t* bytes) {
-    return cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), budget, d_values.get(),
-                                         d_indices.get(), scratch, bytes, stream);
-  });
+  // One scratch for every dragonn_compress below, kept as the op keeps it: the first call finds it
+  // poisoned and zeroes its slots, each later one finds them as the call before left them (zero).
+  size_t dragonn_bytes = 0;
+  HARNESS_CUDA(cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), budget, nullptr,
+                                             nullptr, nullptr, &dragonn_bytes, stream));
+  DeviceArray<uint64_t> dragonn_scratch(static_cast<int64_t>((dragonn_bytes + 7) / 8));
+  dragonn_scratch.Poison();
+  bool slots_zero = false;
+  auto dragonn = [&](const std::string& check, int64_t num_slots, const Bits* addend, Bits* sum) {
+    size_t bytes = dragonn_bytes;
+    HARNESS_CUDA(cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), num_slots,
+                                               d_values.get(), d_indices.get(), dragonn_scratch.get(), &bytes, stream,
+                                               addend, sum, slots_zero));
+    slots_zero = true;
+    const std::vector<uint64_t> slots = dragonn_scratch.Download();
+    Verdict left;
+    for (int64_t s = 0; s < budget; ++s) {
+      if (slots[s] != 0 && left.mismatches++ == 0) left.first = "slot " + std::to_string(s) + " left nonzero";
+    }
+    Report(at + check + " leaves its slots zero", left);
+  };
+  dragonn("dragonn_compress", budget, nullptr, nullptr);
   Report(at + "dragonn_compress",
          CompareEncoded(RefDragonnCompress<Format>(grad, threshold, hash_seed, budget), encoded()));
   // About 16 selected elements per slot: nearly every slot is decided by a collision.
   const int64_t few_slots = std::max<int64_t>(1, budget / 16);
-  RunWithScratch([&](void* scratch, size_t* bytes) {
-    return cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), few_slots,
-                                         d_values.get(), d_indices.get(), scratch, bytes, stream);
-  });
+  dragonn("dragonn_compress, 16x collisions,", few_slots, nullptr, nullptr);
   {
     Encoded<Format> got = encoded();
     got.values.resize(few_slots);
@@ -281,10 +297,7 @@ void CheckSize(const char* dtype, int64_t size, uint64_t seed) {
       return cuda::EstimateThreshold<Format>(d_grad.get(), size, n, SampleRank(ratio, n), d_seed.get(),
                                              d_threshold.get(), scratch, bytes, stream, d_residual.get());
     });
-    RunWithScratch([&](void* scratch, size_t* bytes) {
-      return cuda::DragonnCompress<Format>(d_grad.get(), size, d_threshold.get(), d_seed.get(), budget, d_values.get(),
-                                           d_indices.get(), scratch, bytes, stream, d_residual.get(), d_sum.get());
-    });
+    dragonn("dragonn_compress with an addend", budget, d_residual.get(), d_sum.get());
     const std::vector<Bits> sum = d_sum.Download();
     Verdict sums;
     for (int64_t i = 0; i < size; ++i) {
@@ -941,6 +954,17 @@ void Time(const char* op, int64_t d, int runs, const Launch& launch) {
   Result(op, d, MedianMs(runs, launch));
 }
 
+// A dragonn_compress launch(scratch, bytes, scratch_is_zero) as TimeWithScratch takes it, run as the
+// op runs it: the first call on the scratch zeroes its slots, each later one finds them left zero.
+template <class Launch>
+auto KeepingSlotsZero(const Launch& launch) {
+  return [launch, zero = std::make_shared<bool>(false)](void* scratch, size_t* bytes) {
+    const cudaError_t error = launch(scratch, bytes, *zero);
+    *zero = scratch != nullptr && error == cudaSuccess;
+    return error;
+  };
+}
+
 // As Time, for a launcher that takes scratch: the scratch is allocated once, outside the timing.
 template <class Launch>
 void TimeWithScratch(const char* op, int64_t d, int runs, const Launch& launch) {
@@ -981,16 +1005,21 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
                                              SampleRank(ratio, std::min<int64_t>(65536, d)), seed.get(),
                                              threshold.get(), scratch, bytes, stream);
     });
-    TimeWithScratch("dragonn_compress", d, runs, [&](void* scratch, size_t* bytes) {
+    TimeWithScratch("dragonn_compress", d, runs, KeepingSlotsZero([&](void* scratch, size_t* bytes, bool zero) {
+      return cuda::DragonnCompress<Format>(grad.get(), d, threshold.get(), seed.get(), budget, values.get(),
+                                           indices.get(), scratch, bytes, stream, nullptr, nullptr, zero);
+    }));
+    // A call whose scratch no call left zero (one launch more: the slots' zeroing).
+    TimeWithScratch("dragonn_compress_zeroing", d, runs, [&](void* scratch, size_t* bytes) {
       return cuda::DragonnCompress<Format>(grad.get(), d, threshold.get(), seed.get(), budget, values.get(),
                                            indices.get(), scratch, bytes, stream);
     });
     // What DRAGONN's pass costs beyond the floor when no element is selected (no atomics at all).
     const DeviceArray<float> above_all(std::vector<float>{std::numeric_limits<float>::infinity()});
-    TimeWithScratch("dragonn_nothing_selected", d, runs, [&](void* scratch, size_t* bytes) {
+    TimeWithScratch("dragonn_nothing_selected", d, runs, KeepingSlotsZero([&](void* scratch, size_t* bytes, bool zero) {
       return cuda::DragonnCompress<Format>(grad.get(), d, above_all.get(), seed.get(), budget, values.get(),
-                                           indices.get(), scratch, bytes, stream);
-    });
+                                           indices.get(), scratch, bytes, stream, nullptr, nullptr, zero);
+    }));
     // The exchange's error-feedback pass: grad + residual, written and hashed at once, against a
     // plain a + b pass over the same tensors.
     const DeviceArray<uint32_t> residual(MakeGradient<Format>(d, 2000 + log2));
@@ -1001,10 +1030,10 @@ void RunBench(int min_log2, int max_log2, int runs, float ratio) {
           reinterpret_cast<float*>(sum.get()), d);
       return cudaGetLastError();
     });
-    TimeWithScratch("dragonn_compress_addend", d, runs, [&](void* scratch, size_t* bytes) {
+    TimeWithScratch("dragonn_compress_addend", d, runs, KeepingSlotsZero([&](void* scratch, size_t* bytes, bool zero) {
       return cuda::DragonnCompress<Format>(grad.get(), d, threshold.get(), seed.get(), budget, values.get(),
-                                           indices.get(), scratch, bytes, stream, residual.get(), sum.get());
-    });
+                                           indices.get(), scratch, bytes, stream, residual.get(), sum.get(), zero);
+    }));
     // DGC's momentum correction: reads gradient, momentum and residual, writes momentum and sum.
     DeviceArray<uint32_t> accumulated(d);
     Time("momentum_accumulate", d, runs, [&]() {

@@ -30,6 +30,7 @@ COLUMNS = [
 PASS_COLUMNS = [
     ("read_floor", "read floor"),
     ("dragonn_compress", "dragonn_compress"),
+    ("dragonn_compress_zeroing", "dragonn_compress, slots zeroed first"),
     ("dragonn_nothing_selected", "dragonn_compress, nothing selected"),
     ("add_floor", "a + b floor (2 reads, 1 write)"),
     ("dragonn_compress_addend", "dragonn_compress with addend (writes g + r)"),

@@ -90,6 +90,44 @@ __device__ __forceinline__ void ForEachElement(const Bits* g, int64_t size, Visi
   for (int64_t i = num_vectors * kVector + first; i < size; i += stride) visit(i, g[i]);
 }
 
+// Programmatic dependent launch (sm_90 and newer): a kernel launched by LaunchDependent may start
+// while the kernel before it in the stream is still running, so that its launch and its blocks'
+// start overlap that kernel's last wave (about 1 to 2 us a launch on an H100). Such a kernel must call
+// WaitForPreviousKernel() before it touches any memory: that waits for the previous kernel to
+// finish and for its writes to be visible. A kernel that lets the next one start early calls
+// AllowNextKernelToStart(); until all its blocks did (or exited), the next one waits at launch.
+// Before sm_90 both are no-ops and LaunchDependent launches plainly.
+__device__ __forceinline__ void WaitForPreviousKernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void AllowNextKernelToStart() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// kernel<<<blocks, kThreads, 0, stream>>>(args...), as a programmatic dependent launch where the
+// current device supports it (see WaitForPreviousKernel).
+template <class... Params, class... Args>
+cudaError_t LaunchDependent(void (*kernel)(Params...), unsigned int blocks, cudaStream_t stream, Args... args) {
+  int device = 0, major = 0;
+  TFCOMP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  TFCOMP_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = major >= 9 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
 // Blocks for a ForEachElement pass over `size` elements of `Bits`: about 4 vectors per thread.
 template <class Bits>
 inline unsigned int PassBlocks(int64_t size) {

@@ -1,7 +1,7 @@
 // CUDA dragonn_compress (004 Algorithm 1): one pass over grad in which every selected element does
 // an atomicMax of its 64-bit SlotWord into its slot (deterministic: the largest word wins whatever
-// the thread order, as on the CPU), then the slots are unpacked; with an addend, the pass also adds
-// it and writes the sum. See tfcomp_cuda.h.
+// the thread order, as on the CPU), then the slots are unpacked, and zeroed for the next call on the
+// same scratch; with an addend, the pass also adds it and writes the sum. See tfcomp_cuda.h.
 #include "ops/cc/cuda/device_util.cuh"
 #include "ops/cc/cuda/tfcomp_cuda.h"
 #include "ops/cc/lib/hashing.h"
@@ -13,6 +13,20 @@ namespace tfcomp {
 namespace cuda {
 namespace {
 
+// The kernels of one call run as programmatic dependent launches (LaunchDependent): each waits for
+// the one before, and the next may start launching once all its blocks started. Measured on an H100
+// at 2^27, with the slots left zero by the call before: see BENCHMARKS.md ("GPU kernels on an H100").
+
+// slots[0, num_slots) = 0, for a scratch whose slots no call left zero.
+__global__ void ZeroSlots(unsigned long long* slots, int64_t num_slots) {
+  WaitForPreviousKernel();
+  AllowNextKernelToStart();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < num_slots; s += stride) {
+    slots[s] = 0;
+  }
+}
+
 // slots: [num_slots], zeroed before the first part's launch; grad: one part of the gradient, its
 // element i indexed i + index_offset.
 template <class Format>
@@ -20,6 +34,8 @@ __global__ void HashIntoSlots(const typename Format::Bits* grad, int64_t size, i
                               const float* threshold, const int64_t* seed, uint32_t num_slots,
                               unsigned long long* slots) {
   using Bits = typename Format::Bits;
+  WaitForPreviousKernel();
+  AllowNextKernelToStart();
   const Bits threshold_key = ThresholdKey<Format>(*threshold);
   const SlotHash hash = SlotHash::FromSeed(static_cast<uint64_t>(*seed), num_slots);
   ForEachElement(grad, size, [&](int64_t i, Bits bits) {
@@ -35,6 +51,8 @@ __global__ void HashIntoSlots(const typename Format::Bits* grad, int64_t size, i
 __global__ void HashSumIntoSlots(const uint32_t* grad, const uint32_t* addend, uint32_t* sum, int64_t size,
                                  int64_t index_offset, const float* threshold, const int64_t* seed,
                                  uint32_t num_slots, unsigned long long* slots) {
+  WaitForPreviousKernel();
+  AllowNextKernelToStart();
   const uint32_t threshold_key = ThresholdKey<Float32Format>(*threshold);
   const SlotHash hash = SlotHash::FromSeed(static_cast<uint64_t>(*seed), num_slots);
   auto visit = [&](int64_t i, uint32_t bits) {
@@ -67,12 +85,15 @@ __global__ void HashSumIntoSlots(const uint32_t* grad, const uint32_t* addend, u
   }
 }
 
+// Unpacks the slots into values and indices, and zeroes them.
 template <class Format>
-__global__ void UnpackSlots(const unsigned long long* slots, int64_t num_slots, typename Format::Bits* values,
+__global__ void UnpackSlots(unsigned long long* slots, int64_t num_slots, typename Format::Bits* values,
                             int32_t* indices) {
+  WaitForPreviousKernel();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; s < num_slots; s += stride) {
     const unsigned long long word = slots[s];
+    slots[s] = 0;
     indices[s] = SlotIndex(word);
     values[s] = SlotValueBits<Format>(word);
   }
@@ -84,7 +105,7 @@ template <class Format>
 cudaError_t DragonnCompressParts(const GradientPart<typename Format::Bits>* parts, int count, int64_t size,
                                  const float* threshold, const int64_t* seed, int64_t num_slots,
                                  typename Format::Bits* values, int32_t* indices, void* scratch, size_t* scratch_bytes,
-                                 cudaStream_t stream) {
+                                 bool scratch_is_zero, cudaStream_t stream) {
   using Bits = typename Format::Bits;
   if (size < 0 || size > kMaxElements || num_slots < 1 || num_slots > kMaxElements || count < 1) {
     return cudaErrorInvalidValue;
@@ -98,32 +119,33 @@ cudaError_t DragonnCompressParts(const GradientPart<typename Format::Bits>* part
   unsigned long long* slots = carver.Take<unsigned long long>(num_slots);
   TFCOMP_CUDA_ANSWER_SCRATCH_QUERY(carver, scratch, scratch_bytes);
 
-  TFCOMP_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(slots, 0, num_slots * sizeof(*slots), stream));
+  const unsigned int slot_blocks = NumBlocks(num_slots, kThreads);
+  if (!scratch_is_zero) {
+    TFCOMP_CUDA_RETURN_IF_ERROR(LaunchDependent(ZeroSlots, slot_blocks, stream, slots, num_slots));
+  }
   for (int p = 0; p < count; ++p) {
     const GradientPart<Bits>& part = parts[p];
     if (part.size == 0) continue;
     if constexpr (sizeof(Bits) == sizeof(uint32_t)) {
       if (part.addend != nullptr) {
-        HashSumIntoSlots<<<PassBlocks<uint32_t>(part.size), kThreads, 0, stream>>>(
-            part.grad, part.addend, part.sum, part.size, part.offset, threshold, seed,
-            static_cast<uint32_t>(num_slots), slots);
+        TFCOMP_CUDA_RETURN_IF_ERROR(LaunchDependent(HashSumIntoSlots, PassBlocks<uint32_t>(part.size), stream,
+                                                    part.grad, part.addend, part.sum, part.size, part.offset,
+                                                    threshold, seed, static_cast<uint32_t>(num_slots), slots));
       }
     }
     if (part.addend == nullptr) {
-      HashIntoSlots<Format><<<PassBlocks<Bits>(part.size), kThreads, 0, stream>>>(
-          part.grad, part.size, part.offset, threshold, seed, static_cast<uint32_t>(num_slots), slots);
+      TFCOMP_CUDA_RETURN_IF_ERROR(LaunchDependent(HashIntoSlots<Format>, PassBlocks<Bits>(part.size), stream,
+                                                  part.grad, part.size, part.offset, threshold, seed,
+                                                  static_cast<uint32_t>(num_slots), slots));
     }
-    TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
   }
-  UnpackSlots<Format><<<NumBlocks(num_slots, kThreads), kThreads, 0, stream>>>(slots, num_slots, values, indices);
-  TFCOMP_CUDA_RETURN_IF_LAUNCH_FAILED();
-  return cudaSuccess;
+  return LaunchDependent(UnpackSlots<Format>, slot_blocks, stream, slots, num_slots, values, indices);
 }
 
 #define TFCOMP_INSTANTIATE(Format)                                                                          \
   template cudaError_t DragonnCompressParts<Format>(const GradientPart<Format::Bits>*, int, int64_t,        \
                                                     const float*, const int64_t*, int64_t, Format::Bits*, \
-                                                    int32_t*, void*, size_t*, cudaStream_t);
+                                                    int32_t*, void*, size_t*, bool, cudaStream_t);
 TFCOMP_FOR_EACH_FORMAT(TFCOMP_INSTANTIATE)
 #undef TFCOMP_INSTANTIATE
 

@@ -75,16 +75,36 @@ Status EstimateThresholdLauncher<GpuDevice, T>::operator()(OpKernelContext* cont
   });
 }
 
+// The scratch is kept in `kept` from call to call (allocated again only for another stream or after
+// a failed call); the lock orders the calls' launches on the stream, so each call finds the slots that
+// the one before left zero.
 template <typename T>
 Status DragonnCompressLauncher<GpuDevice, T>::operator()(OpKernelContext* context, const Parts<T>& parts,
                                                          int64_t total, const Tensor& threshold, const Tensor& seed,
-                                                         Tensor* values, Tensor* indices) const {
-  return LaunchWithScratch(context, [&](void* scratch, size_t* bytes, cudaStream_t stream) {
+                                                         Tensor* values, Tensor* indices, DragonnScratch* kept) const {
+  cudaStream_t stream;
+  TF_RETURN_IF_ERROR(GetStream(context, &stream));
+  auto launch = [&](void* scratch, size_t* bytes, bool scratch_is_zero) {
     return cuda::DragonnCompressParts<typename FormatOf<T>::type>(
         parts.data(), static_cast<int>(parts.size()), total, threshold.scalar<float>().data(),
         seed.scalar<int64_t>().data(), values->NumElements(), MutableBits<T>(values), indices->flat<int32_t>().data(),
-        scratch, bytes, stream);
-  });
+        scratch, bytes, scratch_is_zero, stream);
+  };
+  size_t bytes = 0;
+  TF_RETURN_IF_ERROR(CudaStatus(context, launch(nullptr, &bytes, false)));
+  bytes = std::max<size_t>(bytes, 1);
+  ::tensorflow::mutex_lock lock(kept->mu);
+  const bool reuse = kept->slots_zero && kept->stream == stream &&
+                     static_cast<size_t>(kept->buffer.NumElements()) >= bytes;
+  if (!reuse) {
+    TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_UINT8, {static_cast<int64_t>(bytes)}, &kept->buffer));
+  }
+  kept->slots_zero = false;
+  size_t kept_bytes = kept->buffer.NumElements();
+  TF_RETURN_IF_ERROR(CudaStatus(context, launch(kept->buffer.flat<::tensorflow::uint8>().data(), &kept_bytes, reuse)));
+  kept->slots_zero = true;
+  kept->stream = stream;
+  return ::tensorflow::OkStatus();
 }
 
 template <typename T>

@@ -54,12 +54,15 @@ inline cudaError_t EstimateThreshold(const typename Format::Bits* grad, int64_t 
 // pointers; ops/cc/lib/parts.h), indexed as their concatenation, one hashing launch per part;
 // values: [num_slots] Format::Bits; indices: [num_slots] int32 (-1: empty). Where a part has an
 // addend (float32 only) its elements are g = grad + addend, written to the part's sum in the same
-// pass.
+// pass. The scratch's slots are zeroed first unless scratch_is_zero, and a call that returns
+// cudaSuccess leaves them zero once its kernels ran: a caller that keeps its scratch for the next
+// call on the same stream passes scratch_is_zero = true and saves a launch (the scratch size depends
+// on num_slots alone; a smaller num_slots may reuse a larger call's scratch).
 template <class Format>
 cudaError_t DragonnCompressParts(const GradientPart<typename Format::Bits>* parts, int count, int64_t size,
                                  const float* threshold, const int64_t* seed, int64_t num_slots,
                                  typename Format::Bits* values, int32_t* indices, void* scratch, size_t* scratch_bytes,
-                                 cudaStream_t stream);
+                                 bool scratch_is_zero, cudaStream_t stream);
 
 // DragonnCompressParts of one tensor.
 template <class Format>
@@ -67,10 +70,10 @@ inline cudaError_t DragonnCompress(const typename Format::Bits* grad, int64_t si
                                    const int64_t* seed, int64_t num_slots, typename Format::Bits* values,
                                    int32_t* indices, void* scratch, size_t* scratch_bytes, cudaStream_t stream,
                                    const typename Format::Bits* addend = nullptr,
-                                   typename Format::Bits* sum = nullptr) {
+                                   typename Format::Bits* sum = nullptr, bool scratch_is_zero = false) {
   const GradientPart<typename Format::Bits> part{grad, addend, sum, 0, size};
   return DragonnCompressParts<Format>(&part, 1, size, threshold, seed, num_slots, values, indices, scratch,
-                                      scratch_bytes, stream);
+                                      scratch_bytes, scratch_is_zero, stream);
 }
 
 // dgc_compress: the first max_out elements with |g| >= *threshold in index order, padded with

@@ -22,7 +22,7 @@ constexpr int64_t kHashBlock = 1 << 16;
 template <typename T>
 struct DragonnCompressLauncher<CpuDevice, T> {
   Status operator()(OpKernelContext* context, const Parts<T>& parts, int64_t total, const Tensor& threshold,
-                    const Tensor& seed, Tensor* values, Tensor* indices) const {
+                    const Tensor& seed, Tensor* values, Tensor* indices, DragonnScratch* /*kept*/) const {
     using Format = typename FormatOf<T>::type;
     const int64_t num_slots = values->NumElements();
     const BitsOf<T> threshold_key = ThresholdKey<Format>(threshold.scalar<float>()());
@@ -105,11 +105,13 @@ class DragonnCompressOp : public ::tensorflow::OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output("values", {num_slots_}, &values));
     OP_REQUIRES_OK(context, context->allocate_output("indices", {num_slots_}, &indices));
     OP_REQUIRES_OK(context,
-                   DragonnCompressLauncher<Device, T>()(context, parts, total, *threshold, *seed, values, indices));
+                   DragonnCompressLauncher<Device, T>()(context, parts, total, *threshold, *seed, values, indices,
+                                                        &kept_scratch_));
   }
 
  private:
   int64_t num_slots_;
+  DragonnScratch kept_scratch_;
 };
 
 TFCOMP_REGISTER_KERNELS("Tfcomp>DragonnCompress", DragonnCompressOp, );
