@@ -16,6 +16,8 @@ import statistics
 import subprocess
 import sys
 
+from report import parse_lines  # beside this file
+
 RATIO = ("dgc_compress", "dragonn_compress")
 
 
@@ -24,12 +26,7 @@ def bench(path: str, log2: int, runs: int) -> dict[str, float]:
     out = subprocess.run(
         [path, "--bench", "--min-log2", str(log2), "--max-log2", str(log2), "--runs", str(runs)],
         check=True, capture_output=True, text=True).stdout
-    results = {}
-    for line in out.splitlines():
-        fields = line.split("\t")
-        if fields[0] == "RESULT" and len(fields) == 4:
-            results[fields[1]] = float(fields[3])
-    return results
+    return {op: ms for (op, _), ms in parse_lines(out.splitlines())[0].items()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,16 +48,21 @@ TARGETS = [
 ]
 
 
-def parse(path: str):
+def parse_lines(lines):
+    """({(op, d): median ms}, {KEY: value}) from the harness's and framework_baselines.py's output lines."""
     results, info = {}, {}
-    with open(path) as f:
-        for line in f:
-            fields = line.rstrip("\n").split("\t")
-            if fields[0] == "RESULT" and len(fields) == 4:
-                results[(fields[1], int(fields[2]))] = float(fields[3])
-            elif len(fields) == 2 and fields[0].isupper():
-                info[fields[0]] = fields[1]
+    for line in lines:
+        fields = line.rstrip("\n").split("\t")
+        if fields[0] == "RESULT" and len(fields) == 4:
+            results[(fields[1], int(fields[2]))] = float(fields[3])
+        elif len(fields) == 2 and fields[0].isupper():
+            info[fields[0]] = fields[1]
     return results, info
+
+
+def parse(path: str):
+    with open(path) as f:
+        return parse_lines(f)
 
 
 def gpu_and_driver(info):
