@@ -1,13 +1,14 @@
 """The summaries of the emulated-cluster diagnostics (benchmarks/link_burst.py,
-benchmarks/compression_cost_noise.py, benchmarks/latency_after.py and
+benchmarks/compression_cost_noise.py, benchmarks/machine_steadiness.py, benchmarks/latency_after.py and
 benchmarks/horovod_timeline.py), from made-up job results."""
 
 import json
+import statistics
 
 import numpy as np
 import pytest
 
-from benchmarks import compression_cost_noise, horovod_timeline, latency_after, link_burst
+from benchmarks import compression_cost_noise, horovod_timeline, latency_after, link_burst, machine_steadiness
 
 
 def test_affine_fit_recovers_latency_and_bandwidth_and_its_misfit(rng):
@@ -144,3 +145,34 @@ def test_gpu_compare_interleaves_the_builds_and_reports_their_medians(tmp_path, 
             f"{name}: dragonn_compress {np.median(table[:, 0]):.4f}, dgc_compress {np.median(table[:, 1]):.4f}, "
             f"dgc/dragonn median {np.median(ratios):.3f} ({ratios.min():.3f} to {ratios.max():.3f})")
     assert out.count("ROUND\t") == 2 * rounds * 2  # each op once per build and round
+
+
+def test_machine_steadiness_spreads_the_probe_its_jobs_and_its_ratios(rng):
+    # Two jobs of two processes; the second job's machine runs 1.5x slower, every process
+    # timing its probe at 3x its read pass and 4x its matrix product, round by round.
+    processes = []
+    for job, slowdown in ((0, 1.0), (1, 1.5)):
+        for cpu in (0, 1):
+            read = slowdown * rng.uniform(3e-3, 3.1e-3, size=5)
+            processes.append({"job": job, "cpu": cpu, "times_s": {"probe": 3 * read, "read": read,
+                                                                  "matmul": 0.75 * read}})
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in
+            machine_steadiness.summarise(processes).splitlines()[2:]}
+    assert set(rows) == {"probe", "read", "matmul", "probe, each job's median over its processes",
+                         "probe / read", "probe / matmul"}
+    slow_fast = [statistics.median(p["times_s"]["probe"]) for p in processes]
+    assert rows["probe"][-1].strip(" |") == f"{compression_cost_noise.spread(slow_fast):.0%}"
+    assert float(rows["probe, each job's median over its processes"][-1].strip(" %|")) > 35
+    assert rows["probe / read"][1].strip() == "3"  # the ratios do not move with the machine
+    assert rows["probe / read"][-1].strip(" |") == "0%"
+    assert rows["probe / matmul"][1].strip() == "4"
+
+
+def test_machine_steadiness_counts_the_draws_of_five_jobs_within_the_bound():
+    # Six jobs whose probes take 10, 10, 10, 10, 10.5 and 13 ms: five of them drawn spread at most
+    # 20 % only without the 13 ms job (1 of the 6 draws).
+    processes = [{"job": job, "cpu": 0, "times_s": {"probe": [ms / 1e3] * 3, "read": [1e-3] * 3, "matmul": [1e-3] * 3}}
+                 for job, ms in enumerate([10, 10, 10, 10, 10.5, 13])]
+    assert machine_steadiness.summarise(processes).splitlines()[-1] == (
+        "Of the 6 ways to draw 5 of the 6 jobs, 1 (17%) have their probe medians within a spread of 20%.")
+    assert "ways to draw" not in machine_steadiness.summarise(processes[:4])
