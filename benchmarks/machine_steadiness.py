@@ -21,7 +21,8 @@ ranks' costs), and the spread of the probe's time over each reference's, taken r
 where the ratios are steady and the times are not, the machine's speed moved and the probe
 measured it faithfully. And of all the ways to draw 5 of the jobs, how many have their medians
 within issue 13's 20 %: how often even a perfect calibration, one that measured exactly this
-probe's time, would meet that bound on this machine. Writes NAME.json (every process) and NAME.md into --out_dir. No Horovod collectives, no root.
+probe's time, would meet that bound on this machine. Writes NAME.json (every process) and NAME.md
+into --out_dir. No Horovod collectives, no root.
 """
 
 import itertools
@@ -40,15 +41,6 @@ from benchmarks.tables import machine_header, write_results
 __all__ = ["summarise"]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: starts the processes; worker: one of them.")
-flags.DEFINE_integer("jobs", 10, "How many times --cpus fresh processes are started at once.", lower_bound=1)
-flags.DEFINE_integer("cpus", 2, "Processes started at once, one per CPU (CPUs 0 .. cpus - 1).", lower_bound=1)
-flags.DEFINE_integer("rounds", 21, "Timed rounds per process (after one untimed).", lower_bound=1)
-flags.DEFINE_string("model", "cnn", "The model of examples/models.py whose gradients size the probe.")
-flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
-flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
-flags.DEFINE_string("name", "machine_steadiness", "The results' file name, without extension.")
-flags.DEFINE_integer("cpu", 0, "Worker: the CPU it runs on.")
 _READ_ELEMENTS = 2**24  # 64 MiB of float32
 _MATMUL_SIZE = 512
 _WORKER_TIMEOUT_S = 600
@@ -83,9 +75,10 @@ def _worker() -> None:
     print("RESULT " + json.dumps({"cpu": FLAGS.cpu, "elements": elements, "times_s": times}), flush=True)
 
 
-def _row(name: str, values, scale: float, unit: str) -> list:
+def _row(name: str, values, scale: float, unit: str = "") -> list:
     median = statistics.median(values)
-    return [name, f"{scale * median:.3g} {unit}", f"{scale * min(values):.3g} to {scale * max(values):.3g}",
+    return [name, f"{scale * median:.3g}{' ' + unit if unit else ''}",
+            f"{scale * min(values):.3g} to {scale * max(values):.3g}",
             f"{spread(values):.0%}"]
 
 
@@ -103,7 +96,7 @@ def summarise(processes: list) -> str:
     for reference in ("read", "matmul"):
         ratios = [statistics.median(x / y for x, y in zip(p["times_s"]["probe"], p["times_s"][reference]))
                   for p in processes]
-        rows.append(_row(f"probe / {reference}", ratios, 1.0, ""))
+        rows.append(_row(f"probe / {reference}", ratios, 1.0))
     header = "| measurement | median of the processes' medians | range | spread |\n|---|---:|---|---:|"
     lines = [header] + ["| " + " | ".join(row) + " |" for row in rows]
     if len(per_job) >= _DRAWN_JOBS:
@@ -153,5 +146,21 @@ def main(argv):
     _worker() if FLAGS.role == "worker" else _launcher()
 
 
+def _define_flags() -> None:
+    """The flags, defined when this module runs (not on import: the tests import its summary beside
+    other benchmarks that define flags of the same names)."""
+    flags.DEFINE_enum("role", "launcher", ["launcher", "worker"],
+                      "launcher: starts the processes; worker: one of them.")
+    flags.DEFINE_integer("jobs", 10, "How many times --cpus fresh processes are started at once.", lower_bound=1)
+    flags.DEFINE_integer("cpus", 2, "Processes started at once, one per CPU (CPUs 0 .. cpus - 1).", lower_bound=1)
+    flags.DEFINE_integer("rounds", 21, "Timed rounds per process (after one untimed).", lower_bound=1)
+    flags.DEFINE_string("model", "cnn", "The model of examples/models.py whose gradients size the probe.")
+    flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
+    flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+    flags.DEFINE_string("name", "machine_steadiness", "The results' file name, without extension.")
+    flags.DEFINE_integer("cpu", 0, "Worker: the CPU it runs on.")
+
+
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
