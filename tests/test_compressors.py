@@ -728,7 +728,10 @@ def test_intquant_sum_of_all_workers_decodes_exactly(rng, bits, num_workers):
     assert np.all(np.abs(summed) < 2**31)
     levels_sum = np.sum([intquant_reference(g, scale, seed, w, bits, num_workers)[1] for w, g in enumerate(grads)], axis=0)
     levels = compressor.levels(num_workers)
-    assert np.all(np.abs(levels_sum[:40]) == levels * num_workers)  # the extremes reached
+    # The extremes reached: g * (L / scale) at |g| = scale lands a float32 rounding under L at times
+    # (16 bits: L = 10922), and then the noise u may round it to L - 1 (2188104487 drew one of 120).
+    extreme = np.abs(levels_sum[:40])
+    assert np.all(extreme >= levels * num_workers - num_workers) and np.mean(extreme == levels * num_workers) >= 0.9
     for factor in (1.0, 1.0 / num_workers):
         total = compressor.decode_sum((tf.constant(summed.astype(np.int32)),), encodeds[0].context, size,
                                       num_workers, factor).numpy()
