@@ -114,12 +114,18 @@ def _launch_job() -> list:
     started = [subprocess.Popen(command + [f"--cpu={cpu}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for cpu in range(FLAGS.cpus)]
     results = []
-    for process in started:
-        stdout, stderr = process.communicate(timeout=_WORKER_TIMEOUT_S)
-        lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-        if process.returncode != 0 or not lines:
-            raise RuntimeError(f"worker failed (exit {process.returncode}):\n{stdout[-2000:]}{stderr[-2000:]}")
-        results.append(json.loads(lines[-1][len("RESULT "):]))
+    try:
+        for process in started:
+            stdout, stderr = process.communicate(timeout=_WORKER_TIMEOUT_S)
+            lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+            if process.returncode != 0 or not lines:
+                raise RuntimeError(f"worker failed (exit {process.returncode}):\n{stdout[-2000:]}{stderr[-2000:]}")
+            results.append(json.loads(lines[-1][len("RESULT "):]))
+    finally:  # a failed or timed-out worker leaves none of the job's others running
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     return results
 
 
