@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: setup ops test bazel-test cuda-check asan-test bench validate time-to-accuracy run install-check clean
+.PHONY: setup ops test test-fast bazel-build bazel-test cuda-check asan-test bench validate time-to-accuracy run install-check clean
 
 setup:            ## Debian packages, .venv with the pinned stack, Horovod with Gloo, the op library
 	scripts/setup.sh
@@ -12,10 +12,16 @@ setup:            ## Debian packages, .venv with the pinned stack, Horovod with 
 ops:              ## rebuild the op library only
 	scripts/build_ops.sh
 
-test: setup       ## the test suite (pytest)
+test: setup       ## the whole test suite, once (pytest; CI runs this)
 	$(PY) -m pytest -q tests
 
-bazel-test: setup ## the same test files as Bazel py_tests
+test-fast: setup  ## the in-process tests only (no horovodrun, namespaces or child processes), for iteration
+	TFCOMP_IN_PROCESS_ONLY=1 $(PY) -m pytest -q -m "not jobs" tests
+
+bazel-build: setup ## build every Bazel target (the op library and each test file's py_test), running none
+	scripts/bazel.sh build //...
+
+bazel-test: setup ## the same test files as Bazel py_tests (not in CI, which runs them once through `make test`)
 	scripts/bazel.sh test //...
 
 cuda-check: setup ## with nvcc: compile the CUDA op library and the GPU harness, run the checks that need no GPU
