@@ -57,7 +57,7 @@ _MIN_BURST_BYTES = 64 * 1024  # one GSO segment of the veth links
 # Each link's token bucket holds this many seconds of its rate (at least _MIN_BURST_BYTES): a transfer
 # after the link idled sends that much at once. With 4 ms (a 250 Hz tick, until 2026-11-27) the times
 # of 256 KiB to 16 MiB collectives at 1 and 2 Gbit/s were 36 to 69 % off an affine fit, with 1 ms 6 to
-# 30 % (BENCHMARKS.md, "The links' token bucket"; benchmarks/link_burst.py). A real NIC sends at its
+# 30 % (research/notebook.md, "The links' token bucket"; research/link_burst.py). A real NIC sends at its
 # rate from the first byte.
 DEFAULT_BURST_SECONDS = 1e-3
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}

@@ -318,7 +318,7 @@ def predict(results, trainers):
                                                              plan.cluster, tensors=len(variables)).total
         r["cluster"] = plan.cluster.to_list()
         r["overlap_slowdown"] = plan.cluster.overlap_slowdown
-        r["plan"] = plan.record()  # what a replay (benchmarks/prediction_replay.py) prices again
+        r["plan"] = plan.record()  # what a replay (research/prediction_replay.py) prices again
         r["measured_exchange_s"] = trainers[r["model"], r["config"]].measured_exchange_s
         r["compute_s"] = compute_time(results, r["model"], plan.cluster)
         # The backward pass after the step's first gradient is in T_comp and in the exchange's time.

@@ -8,7 +8,6 @@ import tensorflow as tf
 
 import tfcomp
 from benchmarks.network_validation import _cache_text, summarise
-from benchmarks.prediction_replay import replay, summary
 from benchmarks.network_worker import Trainer, compute_time, predict
 from tfcomp import cost_model as cm
 from tfcomp import planning
@@ -185,38 +184,6 @@ def test_predictions_price_the_fitted_plan_where_warm_up_fitted_one(rng):
     assert planning.Plan.from_record(results[2]["plan"], tfcomp.NoCompression()).cluster == slowed.cluster
     # Slower transfers beside the backward pass never end the exchange earlier.
     assert planning.predicted_exchange_time(slowed) >= planning.predicted_exchange_time(plan)
-
-
-def test_a_replay_prices_the_kept_plans_as_the_worker_did_and_fits_their_slowdown_again(rng):
-    sizes = [int(n) for n in rng.integers(100_000, 400_000, 4)]
-    cluster = cm.ClusterModel(2, cm.Network(5e-5, 1.25e8), cm.Network(5e-5, 1.25e8), cm.AffineCost(1e-4, 2e-9),
-                              1e-5)
-    ready = sorted(float(t) for t in rng.uniform(0.0, 0.02, len(sizes)))
-    plan = planning.make_plan([(i, f"g{i}", n) for i, n in enumerate(sizes)], tfcomp.DRAGONN(0.01, strategy="dense"),
-                              cluster, ready_seconds=ready)
-    slowed = dataclasses.replace(plan, cluster=dataclasses.replace(cluster, overlap_slowdown=3.0))
-    measured_exchange = planning.predicted_exchange_time(slowed)
-    results = [result("m", "compute_synced", 0.05), result("m", "horovod_dense", 0.2), result("m", "plan", 0.1)]
-    trainers = {("m", "plan"): _Trainer(_exchange_running(plan), sizes, fitted_plan=slowed,
-                                        measured_exchange_s=measured_exchange),
-                ("m", "horovod_dense"): _Trainer(None, sizes)}
-    predict(results, trainers)
-    rows = replay({"1gbit": {"results": results}})
-    assert [(r["setting"], r["config"]) for r in rows] == [("1gbit", "horovod_dense"), ("1gbit", "plan")]
-    for row, r in zip(rows, results[1:]):
-        assert row["measured_s"] == r["measured_s"] and row["recorded_s"] == r["predicted_s"]
-        assert row["now_s"] == pytest.approx(r["predicted_s"], rel=1e-3)  # the plan's slowdown fitted again
-    figures = summary(rows)
-    assert figures["all"]["now_s"][1] == pytest.approx(max(abs(r["predicted_s"] / r["measured_s"] - 1)
-                                                           for r in results[1:]), rel=1e-3)
-    # Without a measured exchange the kept plan is priced as kept; a record without plans gives no rows.
-    del results[2]["measured_exchange_s"]
-    assert replay({"1gbit": {"results": results}})[1]["now_s"] == pytest.approx(results[2]["predicted_s"])
-    assert replay({"1gbit": {"results": [result("m", "plan", 0.1, 0.1)]}}) == []
-    for name in ("planning", "os"):
-        results[2]["plan"]["compressor"] = [name, {}]
-        with pytest.raises(ValueError, match="must name a tfcomp compressor class"):
-            replay({"1gbit": {"results": results}})
 
 
 def test_the_header_says_how_the_workers_ran_horovods_response_cache():

@@ -1,7 +1,7 @@
 """Turns the RESULT lines of gpu_harness --bench and framework_baselines.py into a markdown table,
 with the GPU model, driver and date, and the acceptance ratios of issue 15 at the largest d.
 
-  python3 benchmarks/gpu/report.py RAW_FILE [--out FILE.md] [--append BENCHMARKS.md]
+  python3 benchmarks/gpu/report.py RAW_FILE [--out FILE.md] [--append research/notebook.md]
   python3 benchmarks/gpu/report.py RAW_FILE --device-entry h100   (an entry of tfcomp.device_costs)
 """
 

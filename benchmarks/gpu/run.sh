@@ -7,8 +7,8 @@
 #    d = 2^MAX_LOG2 (27); then the checks again under compute-sanitizer's memcheck up to
 #    d = 2^MEMCHECK_LOG2 (22; skipped when compute-sanitizer is missing); stops if any check fails;
 # 3. --bench and framework_baselines.py for d = 2^MIN_LOG2 (20) ... 2^MAX_LOG2, RUNS (21) runs each;
-# 4. report.py: the table to RESULTS/gpu_benchmark.md, appended to APPEND_TO (BENCHMARKS.md; set it
-#    empty to append nowhere).
+# 4. report.py: the table to RESULTS/gpu_benchmark.md, appended to APPEND_TO (research/notebook.md,
+#    the dated record; set it empty to append nowhere).
 # Raw output: RESULTS/gpu_{self_check,check,memcheck,benchmark_raw}.txt, RESULTS = benchmarks/results.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +17,7 @@ max_log2=${MAX_LOG2:-27}
 memcheck_log2=${MEMCHECK_LOG2:-22}
 runs=${RUNS:-21}
 results=${RESULTS:-benchmarks/results}
-append_to=${APPEND_TO-BENCHMARKS.md}
+append_to=${APPEND_TO-research/notebook.md}
 harness=${HARNESS:-build/gpu_harness/gpu_harness}
 
 mkdir -p "$results"

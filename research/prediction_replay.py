@@ -1,6 +1,6 @@
 """The predictions of a network validation grid, priced again by the cost model as the code has it now.
 
-    python -m benchmarks.prediction_replay GRID.json [GRID.json ...] [--markdown_out=F]
+    python -m research.prediction_replay GRID.json [GRID.json ...] [--markdown_out=F]
 
 `benchmarks/network_validation.py --json_out` keeps, beside each measured step, the plan its
 prediction priced (`tfcomp.planning.Plan.record`: buckets, ready times, calibrated figures, fitted

@@ -1,7 +1,7 @@
 """Where a job's collectives spend their time, read from a Horovod timeline.
 
     HOROVOD_TIMELINE=/tmp/timeline.json horovodrun ... python train.py
-    python -m benchmarks.horovod_timeline /tmp/timeline.json [--skip=PREFIX,...] [--markdown_out=FILE]
+    python -m research.horovod_timeline /tmp/timeline.json [--skip=PREFIX,...] [--markdown_out=FILE]
 
 Horovod's timeline is rank 0's view, one track per tensor: NEGOTIATE_<OP> runs from rank 0
 submitting the tensor to every rank having submitted it (so it holds the ranks' skew and the wait

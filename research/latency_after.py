@@ -1,7 +1,7 @@
 """What a one-float collective costs against the collective that ran before it, on the emulated cluster.
 
-    python -m benchmarks.latency_after [--settings=none,1gbit] [--rounds=40] [--nopin_cpus]
-        [--out_dir=benchmarks/results]
+    python -m research.latency_after [--settings=none,1gbit] [--rounds=40] [--nopin_cpus]
+        [--out_dir=research/results]
 
 Needs root (benchmarks/cluster.py). On 2 emulated hosts per setting (a link rate, or `none` for
 unshaped links), one `horovodrun -np 2` job per Horovod setting (its defaults, and its response
@@ -100,7 +100,7 @@ def _launcher() -> None:
         results[setting] = {}
         with Cluster(hosts=2, rate=None if setting == "none" else setting, pin_cpus=FLAGS.pin_cpus) as cluster:
             for horovod, env in HOROVOD_SETTINGS.items():
-                command = cluster.horovodrun_args(np=2) + [sys.executable, "-m", "benchmarks.latency_after",
+                command = cluster.horovodrun_args(np=2) + [sys.executable, "-m", "research.latency_after",
                                                            "--role=worker", f"--rounds={FLAGS.rounds}"]
                 results[setting][horovod] = cluster.run_json(command, "--json_out", f"{setting}, {horovod}",
                                                              env={"TF_CPP_MIN_LOG_LEVEL": "2", **env}, timeout=600)
@@ -121,7 +121,7 @@ def _define_flags() -> None:
     flags.DEFINE_list("settings", ["none", "1gbit"], "Link rates per host (e.g. 1gbit), 'none' for unshaped links.")
     flags.DEFINE_integer("rounds", 40, "Timed rounds (medians reported).")
     flags.DEFINE_bool("pin_cpus", True, "Each host's processes on a CPU of their own (as network_validation runs).")
-    flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+    flags.DEFINE_string("out_dir", "research/results", "Where the JSON and Markdown go.")
     flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its figures.")
 
 

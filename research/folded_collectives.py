@@ -1,6 +1,6 @@
 """Whether a Horovod collective inside a `tf.function` communicates on every call, by its input.
 
-    python -m benchmarks.folded_collectives [--rate=1gbit] [--calls=100] [--out_dir=benchmarks/results]
+    python -m research.folded_collectives [--rate=1gbit] [--calls=100] [--out_dir=research/results]
 
 Needs root (benchmarks/cluster.py). On 2 pinned emulated hosts, one `horovodrun` job times a
 one-float allreduce in a `tf.function` whose input is the graph's own constant, an eager tensor
@@ -29,7 +29,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs the job; worker: the timing.")
 flags.DEFINE_string("rate", "1gbit", "Link rate per host (e.g. 1gbit), or 'none' (unshaped).")
 flags.DEFINE_integer("calls", 100, "Timed calls of each allreduce.")
-flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+flags.DEFINE_string("out_dir", "research/results", "Where the JSON and Markdown go.")
 flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its findings.")
 
 
@@ -82,7 +82,7 @@ def _launcher() -> None:
 
     exit_unless_available("folded_collectives")
     with Cluster(hosts=2, rate=None if FLAGS.rate == "none" else FLAGS.rate, pin_cpus=True) as cluster:
-        command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.folded_collectives", "--role=worker",
+        command = cluster.horovodrun_args() + [sys.executable, "-m", "research.folded_collectives", "--role=worker",
                                                f"--calls={FLAGS.calls}"]
         found = cluster.run_json(command, "--json_out", "folded collectives", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
                                  timeout=600)

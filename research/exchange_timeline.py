@@ -1,8 +1,8 @@
 """The training step's timeline on the emulated cluster: when each gradient is ready, when each
 bucket's exchange ends, against the end of the backward pass; and the plan re-made with them.
 
-    python -m benchmarks.exchange_timeline [--workers=2] [--rate=1gbit] [--steps=90]
-        [--replan_after=30] [--check_every=20] [--out_dir=benchmarks/results]
+    python -m research.exchange_timeline [--workers=2] [--rate=1gbit] [--steps=90]
+        [--replan_after=30] [--check_every=20] [--out_dir=research/results]
 
 Needs root (benchmarks/cluster.py). One `horovodrun -np K` job (one worker per host) trains the
 Fashion-MNIST CNN of examples/models.py on random batches (the timeline does not depend on the
@@ -40,7 +40,7 @@ flags.DEFINE_integer("replan_after", 30, "Steps before the re-planned configurat
 flags.DEFINE_integer("batch_size", 32, "Batch size per worker.")
 flags.DEFINE_integer("check_every", 20, "Steps between the checked configurations' checks of the prediction.")
 flags.DEFINE_integer("last_steps", 30, "The median step of the last this many steps is reported too.")
-flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+flags.DEFINE_string("out_dir", "research/results", "Where the JSON and Markdown go.")
 flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes the record.")
 
 CONFIGS = ("dense", "dense re-planned", "dense re-planned, checked", "DRAGONN 0.01 default plan",
@@ -141,7 +141,7 @@ def _launcher() -> None:
     exit_unless_available("exchange_timeline")
     with Cluster(hosts=FLAGS.workers, rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
         command = cluster.horovodrun_args(np=FLAGS.workers) + [
-            sys.executable, "-m", "benchmarks.exchange_timeline", "--role=worker", f"--steps={FLAGS.steps}",
+            sys.executable, "-m", "research.exchange_timeline", "--role=worker", f"--steps={FLAGS.steps}",
             f"--replan_after={FLAGS.replan_after}", f"--batch_size={FLAGS.batch_size}",
             f"--check_every={FLAGS.check_every}", f"--last_steps={FLAGS.last_steps}"]
         record = cluster.run_json(command, "--json_out", "the timeline job", env={"TF_CPP_MIN_LOG_LEVEL": "2"},

@@ -1,7 +1,7 @@
 """How steady the calibrated per-element compression cost c1 can be on the emulated cluster.
 
-    python -m benchmarks.compression_cost_noise [--hosts=2] [--rate=1gbit] [--models=cnn,vit]
-        [--jobs=4] [--repeats=3] [--compressor_config=dragonn_0.01] [--out_dir=benchmarks/results]
+    python -m research.compression_cost_noise [--hosts=2] [--rate=1gbit] [--models=cnn,vit]
+        [--jobs=4] [--repeats=3] [--compressor_config=dragonn_0.01] [--out_dir=research/results]
 
 Needs root (benchmarks/cluster.py). Calibration prices compression at c0 + c1 * elements, fitted to
 exchange probes with stand-in collectives, every rank at once, each call after a barrier, the ranks'
@@ -79,7 +79,7 @@ def _launcher() -> None:
         for job in range(FLAGS.jobs):
             for model in FLAGS.models:
                 command = cluster.horovodrun_args() + [
-                    sys.executable, "-m", "benchmarks.compression_cost_noise", "--role=worker",
+                    sys.executable, "-m", "research.compression_cost_noise", "--role=worker",
                     f"--measured_model={model}", f"--repeats={FLAGS.repeats}",
                     f"--compressor_config={FLAGS.compressor_config}"]
                 c1 = cluster.run_json(command, "--json_out", f"{model}, job {job}", timeout=900,
@@ -107,7 +107,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("jobs", 4, "Fresh jobs per model.")
     flags.DEFINE_integer("repeats", 3, "Measurements of c1 per job.")
     flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
-    flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+    flags.DEFINE_string("out_dir", "research/results", "Where the JSON and Markdown go.")
     flags.DEFINE_string("measured_model", "cnn", "Worker: the model.")
     flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its c1s.")
 

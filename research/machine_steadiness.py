@@ -1,7 +1,7 @@
 """How steady this machine's speed is from one fresh process to the next.
 
-    python -m benchmarks.machine_steadiness [--jobs=10] [--cpus=2] [--model=cnn] [--rounds=21]
-        [--compressor_config=dragonn_0.01] [--out_dir=benchmarks/results] [--name=machine_steadiness]
+    python -m research.machine_steadiness [--jobs=10] [--cpus=2] [--model=cnn] [--rounds=21]
+        [--compressor_config=dragonn_0.01] [--out_dir=research/results] [--name=machine_steadiness]
 
 Issue 13 asks the per-element compression cost c1 to spread at most 20 % over five fresh
 calibrations, and calibration measures the machine as it runs at that moment. This benchmark
@@ -35,7 +35,7 @@ import time
 
 from absl import app, flags
 
-from benchmarks.compression_cost_noise import spread
+from research.compression_cost_noise import spread
 from benchmarks.tables import machine_header, write_results
 
 __all__ = ["summarise"]
@@ -108,7 +108,7 @@ def summarise(processes: list) -> str:
 
 
 def _launch_job() -> list:
-    command = [sys.executable, "-m", "benchmarks.machine_steadiness", "--role=worker", f"--model={FLAGS.model}",
+    command = [sys.executable, "-m", "research.machine_steadiness", "--role=worker", f"--model={FLAGS.model}",
                f"--rounds={FLAGS.rounds}", f"--compressor_config={FLAGS.compressor_config}"]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
     started = [subprocess.Popen(command + [f"--cpu={cpu}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -162,7 +162,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("rounds", 21, "Timed rounds per process (after one untimed).", lower_bound=1)
     flags.DEFINE_string("model", "cnn", "The model of examples/models.py whose gradients size the probe.")
     flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
-    flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+    flags.DEFINE_string("out_dir", "research/results", "Where the JSON and Markdown go.")
     flags.DEFINE_string("name", "machine_steadiness", "The results' file name, without extension.")
     flags.DEFINE_integer("cpu", 0, "Worker: the CPU it runs on.")
 

@@ -8,7 +8,7 @@ measures that: for gradients of several shapes of distribution it compresses wit
 hash function (tests/numpy_reference.slot_hash, the documented hash), then reports the fraction of
 the selected elements' squared L2 norm that reaches the payload under each rule.
 
-  python -m benchmarks.collision_rule [--size=1048576] [--ratio=0.001] [--slots_per_selected=1] [--seeds=10]
+  python -m research.collision_rule [--size=1048576] [--ratio=0.001] [--slots_per_selected=1] [--seeds=10]
 """
 
 import numpy as np

@@ -1,7 +1,7 @@
 """How the emulated links' token bucket shapes a collective's time against its size.
 
-    python -m benchmarks.link_burst [--hosts=2] [--rates=1gbit,2gbit,5gbit] [--bursts_ms=4,1,0.5]
-        [--repeats=3] [--rounds=12] [--out_dir=benchmarks/results]
+    python -m research.link_burst [--hosts=2] [--rates=1gbit,2gbit,5gbit] [--bursts_ms=4,1,0.5]
+        [--repeats=3] [--rounds=12] [--out_dir=research/results]
 
 Needs root (benchmarks/cluster.py). Each link of the emulated cluster is a `tc tbf` whose bucket
 holds `burst` bytes: a transfer starting after the link idled sends that much at once and the rest
@@ -143,7 +143,7 @@ def _launcher() -> None:
             for rate in rates:
                 for burst in bursts:
                     cluster.set_rate(rate, burst_seconds=burst / 1e3)
-                    command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.link_burst",
+                    command = cluster.horovodrun_args() + [sys.executable, "-m", "research.link_burst",
                                                            "--role=worker", f"--rounds={FLAGS.rounds}"]
                     medians = cluster.run_json(command, "--json_out", f"burst {burst:g} ms, {rate / 1e9:g} Gbit/s",
                                                env={"TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600)
@@ -169,7 +169,7 @@ def _define_flags() -> None:
     flags.DEFINE_list("bursts_ms", ["4", "1", "0.5"], "tbf bursts, in milliseconds of the rate.")
     flags.DEFINE_integer("repeats", 3, "Fresh jobs per burst and rate, alternated.")
     flags.DEFINE_integer("rounds", 12, "Timed rounds per job (medians reported).")
-    flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+    flags.DEFINE_string("out_dir", "research/results", "Where the JSON and Markdown go.")
     flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its medians.")
 
 

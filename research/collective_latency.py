@@ -1,7 +1,7 @@
 """How the collectives' latency grows with the workers, measured on the emulated cluster.
 
-    python -m benchmarks.collective_latency [--workers=2,4,8] [--rate=none] [--rounds=60]
-        [--out_dir=benchmarks/results]
+    python -m research.collective_latency [--workers=2,4,8] [--rate=none] [--rounds=60]
+        [--out_dir=research/results]
 
 Needs root (benchmarks/cluster.py). On one emulated cluster of max(--workers) hosts, for each K of
 --workers, one `horovodrun -np K` job (one worker per host) times Horovod's (Gloo's) allreduce,
@@ -34,7 +34,7 @@ flags.DEFINE_enum("role", "launcher", ["launcher", "worker"], "launcher: runs th
 flags.DEFINE_list("workers", ["2", "4", "8"], "Worker counts K, one host each.")
 flags.DEFINE_string("rate", "none", "Link rate per host (e.g. 1gbit), or 'none' (unshaped).")
 flags.DEFINE_integer("rounds", 60, "Timed rounds per collective (medians reported).")
-flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
+flags.DEFINE_string("out_dir", "research/results", "Where the JSON and Markdown go.")
 flags.DEFINE_string("json_out", None, "Worker: where rank 0 writes its medians.")
 
 COLLECTIVES = ("allreduce", "allgather", "broadcast", "alltoall")
@@ -108,7 +108,7 @@ def _launcher() -> None:
     results = {}
     with Cluster(hosts=max(workers), rate=None if FLAGS.rate == "none" else FLAGS.rate) as cluster:
         for k in workers:
-            command = cluster.horovodrun_args(np=k) + [sys.executable, "-m", "benchmarks.collective_latency",
+            command = cluster.horovodrun_args(np=k) + [sys.executable, "-m", "research.collective_latency",
                                                        "--role=worker", f"--rounds={FLAGS.rounds}"]
             results[str(k)] = cluster.run_json(command, "--json_out", f"K={k}", env={"TF_CPP_MIN_LOG_LEVEL": "2"},
                                                timeout=600)
