@@ -2,8 +2,10 @@
 harnesses that print drawn times."""
 
 import numpy as np
+import pytest
 
 
+@pytest.mark.jobs
 def test_gpu_compare_interleaves_the_builds_and_reports_their_medians(tmp_path, rng):
     """benchmarks/gpu/compare.py over two stand-in harness builds that print drawn times: the builds
     run in turn, round after round, and the medians and DGC / DRAGONN ratios are those of the rounds."""
