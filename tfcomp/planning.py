@@ -420,7 +420,8 @@ def predicted_exchange_time(plan: Plan) -> float:
     for strategy, buckets in sorted(groups.items(), key=lambda item: max(map(ready_of, item[1]))):
         computing += sum(b.predicted.compression for b in buckets)
         network = strategy.communication([b.elements for b in buckets], compressor, cluster)
-        collectives.append((computing, network + strategy.bookkeeping(len(buckets), 0, cluster)))
+        tensors = sum(len(b.positions) for b in buckets)
+        collectives.append((computing, network + strategy.bookkeeping(len(buckets), tensors, cluster)))
     end = max(cm.network_queue_end(dense, collectives, cluster, backward_end), backward_end)
     return end + (cluster.compression_fixed if plan.compressed else 0.0)
 

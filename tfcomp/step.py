@@ -167,7 +167,8 @@ def _sum_stays_finite(wire, num_workers: int):
 
 
 def wire_bytes(compressor, bucket, num_workers: int) -> int:
-    """Bytes one worker sends for a compressed bucket: its strategy's `wire_bytes`."""
+    """Bytes one worker sends for a compressed bucket: its strategy's `wire_bytes` (what
+    `tfcomp.exchange` reports per tensor)."""
     return bucket.strategy.wire_bytes(compressor, bucket.elements, num_workers)
 
 
@@ -589,7 +590,7 @@ class StepGraph:
         the decode sums them (no pass over the dense result).
         """
         compressor = self.compressor
-        groups = [(graph, [n for n, b in enumerate(buckets) if b.strategy is strategy])
+        groups = [(graph, [n for n, b in enumerate(buckets) if b.strategy == strategy])
                   for strategy, graph in _GRAPHS.items()]
         groups = [(graph, members) for graph, members in groups if members]
         agreed = [None] * len(buckets)

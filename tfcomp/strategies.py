@@ -92,8 +92,9 @@ class Strategy(str):
         return seconds
 
     def bookkeeping(self, buckets: int, tensors: int, cluster: cm.ClusterModel) -> float:
-        """Seconds the tensors put in collectives add (`cluster.per_tensor` each, none for one
-        worker): `WIRE_TENSORS` per compressed bucket of a group of `buckets`."""
+        """Seconds that the tensors a group of `buckets` buckets (of `tensors` gradients in all)
+        puts in collectives add, `cluster.per_tensor` each (none for one worker): `WIRE_TENSORS`
+        per compressed bucket, whatever its gradients."""
         return WIRE_TENSORS * buckets * cluster.per_tensor if cluster.workers > 1 else 0.0
 
     def time(self, elements: int, compressor, cluster: cm.ClusterModel, *, tensors: int = 1,
