@@ -68,6 +68,7 @@ import tfcomp
 from examples.models import build_model
 from tfcomp import cost_model as cm
 from tfcomp import planning
+from tfcomp import strategies as st
 from tfcomp.collectives import barrier as make_barrier
 
 __all__ = []
@@ -314,8 +315,8 @@ def predict(results, trainers):
                 r["predicted_exchange_s"] = cm.horovod_dense_finish(
                     r["dense_gradients"]["elements"], r["dense_gradients"]["ready"], plan.cluster)
             else:  # one fused ring allreduce of every gradient after the backward pass
-                r["predicted_exchange_s"] = cm.strategy_time("dense", r["parameters"], tfcomp.NoCompression(),
-                                                             plan.cluster, tensors=len(variables)).total
+                r["predicted_exchange_s"] = st.DENSE.time(r["parameters"], tfcomp.NoCompression(), plan.cluster,
+                                                          tensors=len(variables)).total
         r["cluster"] = plan.cluster.to_list()
         r["overlap_slowdown"] = plan.cluster.overlap_slowdown
         r["plan"] = plan.record()  # what a replay (research/prediction_replay.py) prices again
@@ -345,7 +346,7 @@ def compute_time(results, model_name, cluster):
     measured = {x["config"]: x["measured_s"] for x in results if x["model"] == model_name}
     if "compute_synced" not in measured:
         return measured["compute"]
-    sync = cm.strategy_time("dense", 1, tfcomp.NoCompression(), cluster, tensors=1).total
+    sync = st.DENSE.time(1, tfcomp.NoCompression(), cluster, tensors=1).total
     return max(measured["compute_synced"] - sync, measured.get("compute", 0.0))
 
 

@@ -13,9 +13,9 @@ agreements per paper.
 
   000  ResNet-50 at 10 Gbit/s on 8 to 96 GPUs: dense allreduce in 25 MB buckets overlapping the
        backward pass (Sec. 4.1, `overlapped_dense_iteration`) against PowerSGD rank 4/8/16, MSTopK
-       1 % and signSGD after it (App. B, `compressed_iteration`, `strategy_time`); dense was faster in
+       1 % and signSGD after it (App. B, `compressed_iteration`, `Strategy.time`); dense was faster in
        all 25. And the bandwidth below which PowerSGD-4 wins (App. D: 7 to 9 Gbit/s).
-  001  MergeComp's two FP16 groups against one (Table 2: 1.16 to 1.23x), priced with `strategy_time`
+  001  MergeComp's two FP16 groups against one (Table 2: 1.16 to 1.23x), priced with `Strategy.time`
        over the gradients' ready times (`two_bucket_finish`; tfcomp.planning.make_plan given the
        ready times and at most two groups gains the same: tests/test_paper_verdicts.py).
   002  Horovod's scaling factor for ResNet-50 at 1, 10 and 100 Gbit/s, by 002's own replay of the
@@ -38,6 +38,7 @@ import sys
 from benchmarks.tables import markdown_table
 from tfcomp import compressors
 from tfcomp import cost_model as cm
+from tfcomp import strategies as st
 
 __all__ = ["LowRank", "Verdict", "allgather_log2_latency", "collectives_003", "counts", "main", "paper_000",
            "paper_001", "paper_002", "paper_003", "table", "two_bucket_finish", "verdicts"]
@@ -67,7 +68,8 @@ class LowRank:
 
     ratio: float
     rounds = 2
-    collective = "allreduce"
+    collective = st.ALLREDUCE
+    agrees_scale = False
 
     def payload_bytes(self, size: int) -> int:
         return 4 * math.ceil(size / self.ratio)
@@ -142,14 +144,13 @@ def _dense_000(workers: int, network: cm.Network, gamma: float) -> float:
     sizes = [bucket] * (RESNET50 // bucket) + ([RESNET50 % bucket] if RESNET50 % bucket else [])
     cluster = _cluster(workers, network)
     dense = compressors.NoCompression()
-    seconds = [cm.strategy_time("dense", n, dense, cluster).total for n in sizes]
+    seconds = [st.DENSE.time(n, dense, cluster).total for n in sizes]
     return cm.overlapped_dense_iteration(P000["backward_s"], seconds, gamma)
 
 
 def _compressed_000(workers: int, network: cm.Network, compressor, encode_decode: float) -> float:
     """000 App. B: backward pass, then encode, exchange and decode of all gradients in one bucket."""
-    t = cm.strategy_time(compressor.collective, RESNET50, compressor,
-                         _cluster(workers, network, encode_decode, RESNET50))
+    t = compressor.collective.time(RESNET50, compressor, _cluster(workers, network, encode_decode, RESNET50))
     rounds_latency = (getattr(compressor, "rounds", 1) - 1) * cm.ring_allreduce(0.0, workers, network)
     return cm.compressed_iteration(P000["backward_s"], t.compression, t.communication + rounds_latency)
 
@@ -223,7 +224,7 @@ def two_bucket_finish(sizes: list, ready: list, seconds_of) -> float:
 
 def _bucket_seconds(compressor, cluster):
     """seconds_of(elements, tensors) of one dense bucket, for two_bucket_finish."""
-    return lambda elements, tensors: cm.strategy_time("dense", elements, compressor, cluster, tensors=tensors).total
+    return lambda elements, tensors: st.DENSE.time(elements, compressor, cluster, tensors=tensors).total
 
 
 def _pcie_gbits_001() -> float:
@@ -241,7 +242,7 @@ def _pcie_gbits_001() -> float:
 
 
 def paper_001() -> list:
-    """FP16 in two groups against one (Table 2), priced with strategy_time over ready times."""
+    """FP16 in two groups against one (Table 2), priced with `Strategy.time` over ready times."""
     p, fp16 = P001, compressors.FP16()
     backward = p["resnet101_backward_s"]
     forward = p["forward_share"] * backward

@@ -57,6 +57,7 @@ from absl import app, flags
 import tfcomp
 from examples import fashion_mnist
 from examples.models import MODELS, build_model
+from tfcomp import strategies
 
 __all__ = [
     "build_optimizer",
@@ -75,8 +76,9 @@ flags.DEFINE_integer("warmup_steps", 0, "Communicating steps sent dense before c
 flags.DEFINE_enum("planning", "auto", ["auto", "off"],
                   "auto: calibrate and let the cost model choose buckets and strategies; off: compress every "
                   "tensor of >= 1024 elements on its own.")
-flags.DEFINE_enum("strategy", None, ["dense", "allgather", "allreduce", "artopk"],
-                  "Force this strategy for every bucket (unset: the cost model chooses).")
+flags.DEFINE_enum("strategy", None, list(strategies.NAMES),
+                  "Force this strategy for every bucket (unset: the cost model chooses; the compressor must "
+                  "support it).")
 flags.DEFINE_float("momentum", None,
                    "DGC momentum-correction factor in [0, 1); unset: plain residual error feedback.")
 flags.DEFINE_enum("entry", "horovod", ["horovod", "tfcomp"],

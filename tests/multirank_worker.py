@@ -248,7 +248,7 @@ def check_trial(report):
     report["trial/dense_after_choice"] = dense_spread
     report["trial/residual_left"] = float(np.max(np.abs(state.memory.residuals[0].numpy())))
     report["trial/result"] = runtime.trial.read()
-    report["trial/flush_dense_pending"] = bool(runtime.flush["dense"].numpy())
+    report["trial/flush_dense_pending"] = bool(runtime.flush["all_dense"].numpy())
 
     # With 2 warm-up steps (sent dense by the plan's branch) the trial starts at the third step.
     warm = tfcomp.DRAGONN(0.05, warmup_steps=2)

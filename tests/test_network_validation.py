@@ -11,6 +11,7 @@ from benchmarks.network_validation import _cache_text, summarise
 from benchmarks.network_worker import Trainer, compute_time, predict
 from tfcomp import cost_model as cm
 from tfcomp import planning
+from tfcomp import strategies as st
 
 
 def result(model, config, measured, predicted=None, strategies=("dense",)):
@@ -156,7 +157,7 @@ def test_predictions_overlap_the_backward_pass_where_ready_times_were_measured(r
     compute = compute_time(results, "m", cluster)
     span = max(ready) if with_ready_times else 0.0
     horovod = (cm.horovod_dense_finish(sizes, ready, cluster) if with_ready_times
-               else cm.strategy_time("dense", sum(sizes), tfcomp.NoCompression(), cluster, tensors=len(sizes)).total)
+               else st.DENSE.time(sum(sizes), tfcomp.NoCompression(), cluster, tensors=len(sizes)).total)
     assert results[2]["predicted_s"] == pytest.approx(compute - span + horovod)
     assert results[3]["predicted_s"] == pytest.approx(compute - span + planning.predicted_exchange_time(plan))
     assert results[3]["overlapped_s"] == pytest.approx(span)

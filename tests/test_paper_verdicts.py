@@ -6,6 +6,7 @@ import pytest
 from benchmarks import paper_verdicts as pv
 from tfcomp import compressors, planning
 from tfcomp import cost_model as cm
+from tfcomp import strategies as st
 
 VERDICTS = pv.verdicts()
 
@@ -66,16 +67,16 @@ def test_003_with_log2_allgather_latency_all_36_agree():
     assert pv.counts(pv.paper_003(pv.allgather_log2_latency)) == {"003": (36, 36)}
 
 
-def test_003_prices_are_what_strategy_time_prices(rng):
-    """The direct collectives behind the 003 verdicts are what the planner's strategy_time charges (but
+def test_003_prices_are_what_the_strategies_price(rng):
+    """The direct collectives behind the 003 verdicts are what the planner's strategies charge (but
     for the 4-byte count of non-finite values it adds to a payload)."""
     for _ in range(20):
         elements, ratio = int(rng.integers(10**5, 10**9)), float(rng.choice([0.1, 0.01, 0.001]))
         network = cm.Network(float(rng.uniform(0, 1e-2)), float(rng.uniform(1e7, 1e11)))
         cluster = cm.ClusterModel(pv.WORKERS_003, network, network, cm.AffineCost(0.0, 0.0))
         topk = compressors.TopK(ratio)
-        priced = [cm.strategy_time(strategy, elements, topk, cluster, tree=tree).total
-                  for strategy, tree in (("allgather", False), ("artopk", False), ("artopk", True))]
+        priced = [strategy.time(elements, topk, cluster).total
+                  for strategy in (st.ALLGATHER, st.ARTOPK, st.ArTopk(tree=True))]
         assert priced == pytest.approx(pv.collectives_003(elements, ratio, network), rel=1e-3)
 
 
@@ -118,7 +119,7 @@ def test_planning_gains_at_least_what_two_fp16_groups_gain(workers):
     cluster = cm.ClusterModel(workers, network, network, cm.AffineCost(0.0, 0.0))
     tensors = [(i, f"g{i}", n) for i, n in enumerate(sizes)]  # in backprop order, as `ready` is
     fp16 = compressors.FP16()
-    one = forward + backward + cm.strategy_time("dense", sum(sizes), fp16, cluster, tensors=len(sizes)).total
+    one = forward + backward + st.DENSE.time(sum(sizes), fp16, cluster, tensors=len(sizes)).total
 
     def gain(max_groups):
         plan = planning.make_plan(tensors, fp16, cluster, ready_seconds=ready, max_groups=max_groups)

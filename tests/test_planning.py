@@ -11,6 +11,7 @@ import pytest
 import tfcomp
 from tfcomp import cost_model as cm
 from tfcomp import planning
+from tfcomp import strategies as st
 
 
 def cluster(workers=2, gbps=1.0, latency=1e-4, c0=3e-4, c1=4e-9):
@@ -29,8 +30,7 @@ def brute_force(tensors, compressor, model, groups):
     best = math.inf
     for cuts in itertools.combinations(range(1, len(sizes)), groups - 1):
         bounds = (0, *cuts, len(sizes))
-        total = sum(min(cm.strategy_time(s, sum(sizes[a:b]), compressor, model).total
-                        for s in cm.available_strategies(compressor))
+        total = sum(min(s.time(sum(sizes[a:b]), compressor, model).total for s in compressor.strategies)
                     for a, b in zip(bounds, bounds[1:]))
         best = min(best, total)
     return best
@@ -43,7 +43,7 @@ def test_search_finds_the_best_partition_brute_force_finds(rng, trial):
                     c0=float(rng.uniform(1e-5, 1e-3)), c1=float(rng.uniform(1e-10, 1e-8)))
     compressor = tfcomp.DRAGONN(0.01, min_elements=1)  # every tensor may be compressed
     tensors = backprop(sizes)
-    strategies = cm.available_strategies(compressor)
+    strategies = compressor.strategies
     # The dynamic programme is exact for every number of groups.
     partitions = planning._best_partitions(tensors, [0.0] * len(sizes), strategies, compressor, model, len(sizes))
     assert sorted(partitions) == list(range(1, len(sizes) + 1))
@@ -240,10 +240,10 @@ def test_plans_are_made_only_from_valid_figures(rng, make):
 def test_fixed_compression_cost_is_paid_once_per_exchange(rng):
     fixed = float(rng.uniform(1e-4, 1e-3))
     free, costly = cluster(gbps=0.5), dataclasses.replace(cluster(gbps=0.5), compression_fixed=fixed)
-    alone = cm.strategy_time("allgather", 2**20, tfcomp.DRAGONN(0.001), costly)
-    in_plan = cm.strategy_time("allgather", 2**20, tfcomp.DRAGONN(0.001), costly, alone=False)
+    alone = st.STRATEGIES["allgather"].time(2**20, tfcomp.DRAGONN(0.001), costly)
+    in_plan = st.STRATEGIES["allgather"].time(2**20, tfcomp.DRAGONN(0.001), costly, alone=False)
     assert alone.compression == pytest.approx(in_plan.compression + fixed)
-    assert cm.strategy_time("dense", 2**20, tfcomp.DRAGONN(0.001), costly).compression == 0.0
+    assert st.STRATEGIES["dense"].time(2**20, tfcomp.DRAGONN(0.001), costly).compression == 0.0
     plan = planning.per_tensor_plan(backprop([2**22, 2**22]), tfcomp.DRAGONN(0.001), costly)
     assert len(plan.compressed) == 2
     same_with_free = planning.Plan(plan.buckets, plan.names, plan.compressor, free, sizes=plan.sizes)
@@ -268,12 +268,12 @@ def test_plan_sends_dense_when_the_fixed_cost_outweighs_the_saving():
 def test_intquant_pays_the_allreduce_of_its_payload_and_the_scales_allgather():
     model = cluster(workers=4)
     compressor = tfcomp.IntQuant(8)
-    priced = cm.strategy_time("allreduce", 10**6, compressor, model)
-    payload = compressor.payload_bytes(10**6) + cm._NON_FINITE_COUNT_BYTES
+    priced = st.ALLREDUCE.time(10**6, compressor, model)
+    payload = compressor.payload_bytes(10**6) + 4  # and the float32 count of non-finite values
     expected = (cm.ring_allreduce(payload, 4, model.allreduce) + cm.ring_allgather(4, 4, model.allgather)
-                + cm.WIRE_TENSORS * model.per_tensor)
+                + st.WIRE_TENSORS * model.per_tensor)
     assert priced.communication == pytest.approx(expected)
-    assert cm.available_strategies(compressor) == ("dense", "allreduce")
+    assert compressor.strategies == ("dense", "allreduce")
     # 1 byte per element against float32's 4: at 1 Gbit/s the plan quantises the big tensor.
     plan = planning.make_plan(backprop([4096 * 2048, 10]), compressor, model)
     assert any(b.strategy == "allreduce" and 0 in b.positions for b in plan.buckets)
@@ -434,18 +434,17 @@ def test_a_strategys_per_slot_figure_prices_its_work_beside_the_allgathers(rng, 
     elements, compressor = int(rng.integers(10**5, 10**7)), tfcomp.DRAGONN(0.01)
     slots = compressor.payload_length(elements)
     base = dataclasses.replace(cluster(), workers=8, partitioned_per_slot=0.0, artopk_per_slot=0.0)
-    plain = {s: cm.strategy_time(s, elements, compressor, base).compression for s in ("allgather", strategy)}
+    plain = {s: st.STRATEGIES[s].time(elements, compressor, base).compression for s in ("allgather", strategy)}
     assert plain[strategy] == pytest.approx(plain["allgather"])
     per_slot = float(rng.uniform(1e-9, 1e-7))
     for sign in (1, -1):
         priced = dataclasses.replace(base, **{field: sign * per_slot})
-        times = {s: cm.strategy_time(s, elements, compressor, priced).compression for s in cm.STRATEGIES
-                 if s in cm.available_strategies(compressor)}
+        times = {s: s.time(elements, compressor, priced).compression for s in compressor.strategies}
         assert times[strategy] == pytest.approx(max(plain["allgather"] + sign * per_slot * slots, 0.0))
         assert {s: t for s, t in times.items() if s != strategy} == {
-            s: cm.strategy_time(s, elements, compressor, base).compression for s in times if s != strategy}
+            s: s.time(elements, compressor, base).compression for s in times if s != strategy}
     huge_saving = dataclasses.replace(base, **{field: -1.0})
-    assert cm.strategy_time(strategy, elements, compressor, huge_saving).compression == 0.0
+    assert st.STRATEGIES[strategy].time(elements, compressor, huge_saving).compression == 0.0
 
 
 def test_a_new_plan_replaces_the_running_one_only_where_it_pays(rng):

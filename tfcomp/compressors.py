@@ -9,11 +9,13 @@ elements into *wire tensors*, the payload one worker sends, and decodes them bac
             # float32 [size]: the sum over workers, given the collective's result for each wire
             # tensor (allgather: the K workers' tensors concatenated on dim 0; allreduce: their sum)
 
-`collective` says which: "allgather" (sparse and quantised payloads, decoded together by one
-`sparse_batched_decode` for the sparsifiers, 004 Sec. 4.3) or "allreduce" (payloads that add up:
-RandomK's values at indices shared by all ranks). FP16 and NoCompression are `dense` compressors:
-the exchange sends those tensors through Horovod's own allreduce, exactly as
-`hvd.Compression.fp16` and `hvd.Compression.none` do.
+`collective` says which strategy (`tfcomp.strategies`) that is: the allgather (sparse and
+quantised payloads, decoded together by one `sparse_batched_decode` for the sparsifiers, 004 Sec.
+4.3) or the allreduce of payloads that add up (RandomK's values at indices shared by all ranks,
+IntQuant's levels). FP16 and NoCompression are dense compressors: the exchange sends those tensors
+through Horovod's own allreduce, exactly as `hvd.Compression.fp16` and `hvd.Compression.none` do.
+`strategies` lists every strategy a compressor can run, dense first (the plan keeps to dense on
+ties): the sparsifiers' index-value pairs also go by AR-Topk and the partitioned allreduce.
 
 Seeds: `seed` is an int64 scalar tensor equal on every rank and different every step; `worker` is
 this rank's index in the process set, for randomness that must differ between ranks.
@@ -27,6 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tfcomp import strategies as st
 from tfcomp.lazy_module import LazyModule
 
 # Imported on first use: settings and payload sizes (the cost model, the what-if) need neither.
@@ -124,10 +127,12 @@ def _num_selected(ratio: float, size: int) -> int:
 
 
 class Compressor:
-    """Base class. Subclasses set `collective` and implement encode / decode_local / decode_sum.
+    """Base class. Subclasses set `collective` and `strategies` and implement encode / decode_local / decode_sum.
 
     Attributes:
-      collective: "allgather", "allreduce" or "dense" (sent by Horovod's allreduce, see module doc).
+      collective: (class) the compressor's own strategy (`tfcomp.strategies`: the allgather, the
+        allreduce, or dense: sent by Horovod's allreduce, see module doc), what planning="off" uses.
+      strategies: (class) the strategies it can run, dense first.
       error_feedback: keep what was not sent, per variable, and add it to the next gradient.
       momentum: None, or DGC's momentum-correction factor (error feedback with momentum and factor
         masking; then use the inner optimizer without momentum). Gradients the plan sends dense
@@ -147,9 +152,9 @@ class Compressor:
         gradients into buckets, each exchanged with the strategy the cost model predicts fastest
         (`tfcomp.planning`); "off": every tensor of at least `min_elements` elements is compressed
         on its own, smaller ones are sent dense.
-      strategy: None (default: the cost model chooses per bucket) or one of "dense", "allgather",
-        "allreduce", "artopk", "partitioned" to force it for every compressed bucket (see
-        `tfcomp.cost_model.available_strategies`).
+      strategy: None (default: the cost model chooses per bucket) or the name of one of
+        `strategies` (`tfcomp.strategies.NAMES`) to force it for every compressed bucket; kept as
+        that strategy.
       min_elements: tensors with fewer elements are always sent dense, whatever the planning or the
         forced strategy (1 to 2^63 - 1; default 8192).
       trial_steps: with planning="auto" and no forced strategy, a plan that compresses is tried in
@@ -172,7 +177,8 @@ class Compressor:
     Python or NumPy reals, finite. Anything else is a ValueError naming the argument and its value.
     """
 
-    collective = "allgather"
+    collective = st.ALLGATHER
+    strategies = (st.DENSE, st.ALLGATHER)
     dense_element_bytes = 4  # bytes per element when a bucket is sent dense
     payload_shows_non_finite = False
     fuses_residual = False
@@ -198,12 +204,8 @@ class Compressor:
         if planning not in ("auto", "off"):
             raise ValueError(f"planning must be 'auto' or 'off', got {planning!r}")
         self.planning = planning
-        from tfcomp.cost_model import available_strategies
-
-        if strategy is not None and strategy not in available_strategies(self):
-            raise ValueError(f"strategy must be None or one of {available_strategies(self)} for "
-                             f"{type(self).__name__}, got {strategy!r}")
-        self.strategy = strategy
+        self.strategy = None if strategy is None else st.parse(strategy, "strategy", self.strategies,
+                                                               owner=type(self).__name__, or_none=True)
         self.trial_steps = _check_int("trial_steps", trial_steps, 0, 2**31 - 1, "a number of steps")
 
     @property
@@ -277,6 +279,8 @@ class Compressor:
 class _Sparsifier(Compressor):
     """Payload (values [m] float32, indices [m] int32, -1 = empty); decode: one batched decode."""
 
+    strategies = (st.DENSE, st.ALLGATHER, st.ARTOPK, st.PARTITIONED)
+
     def __init__(self, ratio, *, error_feedback=True, artopk_owner="star", union_limit=DEFAULT_UNION_LIMIT, **kwargs):
         self.ratio = _check_ratio(ratio)
         if artopk_owner not in ("star", "var"):
@@ -330,7 +334,7 @@ class DRAGONN(_Sparsifier):
       num_samples: elements sampled to estimate the threshold, 1 to 2^31 - 1. Default 65536.
       artopk_owner: whose indices AR-Topk buckets use (003 Alg. 1): "star" (round-robin over the
         steps, default) or "var" (the worker whose accumulated gradient has the largest variance).
-      union_limit: in the hash-partitioned sparse allreduce ("partitioned" buckets), the reduced
+      union_limit: in the hash-partitioned sparse allreduce (`tfcomp.strategies.PARTITIONED` buckets), the reduced
         result keeps at most union_limit * k of the summed elements, k the payload's slots: each of
         the K owners its ceil(union_limit * k / K) largest in magnitude; what an owner drops stays
         in its senders' residuals (with error feedback). None keeps the whole union of the
@@ -427,7 +431,8 @@ class RandomK(Compressor):
       error_feedback, momentum, adam, warmup_steps, planning, strategy, min_elements: see `Compressor`.
     """
 
-    collective = "allreduce"
+    collective = st.ALLREDUCE
+    strategies = (st.DENSE, st.ALLREDUCE)
 
     def __init__(self, ratio=0.01, *, error_feedback=True, **kwargs):
         self.ratio = _check_ratio(ratio)
@@ -573,7 +578,8 @@ class IntQuant(Compressor):
         see `Compressor`.
     """
 
-    collective = "allreduce"
+    collective = st.ALLREDUCE
+    strategies = (st.DENSE, st.ALLREDUCE)
     agrees_scale = True
 
     def __init__(self, bits=8, *, error_feedback=True, **kwargs):
@@ -628,7 +634,8 @@ class IntQuant(Compressor):
 class _DenseCompressor(Compressor):
     """Sent by Horovod's allreduce; no hyper-parameters."""
 
-    collective = "dense"
+    collective = st.DENSE
+    strategies = (st.DENSE,)
 
     def __init__(self):
         super().__init__(error_feedback=False)

@@ -23,8 +23,9 @@ compression after the backward pass (Appendix B), T = T_comp + T_encode_decode +
 
 `ClusterModel` holds what calibration measures (`tfcomp.calibration`): the allreduce and allgather
 networks, the chosen compressor's encode+decode fit, per-tensor costs, and the fixed cost of
-compressing at all, which an exchange pays once. `strategy_time` prices one bucket under one
-exchange strategy; `tfcomp.planning` searches the buckets and strategies with it.
+compressing at all, which an exchange pays once. `tfcomp.strategies` prices one bucket, or a
+group of buckets, under each exchange strategy with these collectives; `tfcomp.planning` searches the
+buckets and strategies with it.
 """
 
 from __future__ import annotations
@@ -42,16 +43,13 @@ __all__ = [
     "MAX_OVERLAP_SLOWDOWN",
     "ClusterModel",
     "Network",
-    "STRATEGIES",
     "UNMEASURED",
     "StrategyTime",
-    "WIRE_TENSORS",
     "available_strategies",
     "compressed_iteration",
     "horovod_dense_finish",
     "network_queue_end",
     "overlapped_dense_iteration",
-    "strategy_time",
     "transfer_end",
     "alltoall",
     "artopk_ring",
@@ -299,26 +297,9 @@ def network_queue_end(dense, collectives, cluster: ClusterModel, backward_end: f
 
 UNMEASURED = Network(0.0, 1e15)  # a network nobody measured: transfers on it take (almost) no time
 
-# Exchange strategies of one bucket (see tfcomp.planning):
-#   dense      Horovod allreduce of the float32 tensors (fp16 on the wire for FP16)
-#   allgather  the compressor's payload from every worker (004), decoded together
-#   allreduce  payloads that add up: RandomK's values at indices drawn from a shared seed
-#   artopk     AR-Topk (003 Alg. 1): one owner's indices broadcast, values at them allreduced
-#   partitioned  hash-partitioned sparse allreduce: pairs sent to their index's owner by one
-#              alltoall, summed there (at most the compressor's owner budget kept), shared by one allgather
-STRATEGIES = ("dense", "allgather", "allreduce", "artopk", "partitioned")
-
-
 def available_strategies(compressor) -> tuple:
-    """The strategies a compressor can run: dense always; its own collective; AR-Topk and the
-    hash-partitioned sparse allreduce for the index-value sparsifiers (DRAGONN, DGC, TopK)."""
-    if compressor.collective == "dense":
-        return ("dense",)
-    if compressor.collective == "allreduce":
-        return ("dense", "allreduce")
-    if hasattr(compressor, "payload_length"):
-        return ("dense", "allgather", "artopk", "partitioned")
-    return ("dense", "allgather")
+    """`compressor.strategies` (`tfcomp.strategies`), for tfcomp.calibration until it reads them there."""
+    return tuple(compressor.strategies)
 
 
 _MAX_WORKERS = 2**31 - 1
@@ -340,7 +321,6 @@ CLUSTER_LIMITS = {
     "artopk_per_slot": (-1.0, 1.0, "seconds per payload slot"),
 }
 # Per-slot figures are signed: what a strategy's work adds to (or saves from) the allgather's.
-_STRATEGY_PER_SLOT = {"partitioned": "partitioned_per_slot", "artopk": "artopk_per_slot"}
 _LIST_FIELDS = ("workers", *CLUSTER_LIMITS)
 MAX_OVERLAP_SLOWDOWN = 20.0  # ClusterModel.overlap_slowdown's greatest value
 
@@ -468,63 +448,3 @@ class StrategyTime:
     @property
     def total(self) -> float:
         return self.communication + self.compression
-
-
-_NON_FINITE_COUNT_BYTES = 4  # the float32 count of non-finite values that rides with every payload
-WIRE_TENSORS = 3  # tensors a compressed bucket puts in its collectives (payload, indices or scale, count)
-
-
-def strategy_time(strategy: str, elements: int, compressor, cluster: ClusterModel, *,
-                  tree: bool = False, tensors: int = 1, alone: bool = True) -> StrategyTime:
-    """Seconds to exchange a bucket of `tensors` tensors, `elements` float32 values, with `strategy`.
-
-    dense: ring allreduce of the tensors (2 bytes per element for FP16). allgather: ring allgather
-    of the payload. allreduce: ring allreduce of the payload (IntQuant: plus an allgather of one
-    float per worker, its agreed scale; the exchange gathers all buckets' at once). artopk:
-    broadcast of the owner's k int32 indices plus a ring (or, with tree=True, tree) allreduce of k
-    float32 values, plus an allgather of one float per worker when the owner is the max-variance
-    worker (VAR). partitioned: `partitioned_allreduce`, on the allgather network.
-    Each tensor in a collective adds cluster.per_tensor (a compressed bucket sends
-    WIRE_TENSORS); each tensor of a compressed bucket adds cluster.compression_per_tensor to its
-    compression, and merging more than one tensor costs cluster.merge_per_element per element
-    (concatenate, split); partitioned and artopk buckets add cluster.partitioned_per_slot or
-    cluster.artopk_per_slot per payload slot (signed; the compression never below 0). A compressed
-    bucket `alone` in its exchange also pays
-    cluster.compression_fixed, which an exchange pays once however many compressed buckets it has
-    (the plan's search prices buckets with alone=False).
-    """
-    k = cluster.workers
-    if strategy == "dense":
-        wire_bytes = compressor.dense_element_bytes * elements
-        bookkeeping = tensors * cluster.per_tensor if k > 1 else 0.0
-        return StrategyTime(ring_allreduce(wire_bytes, k, cluster.allreduce) + bookkeeping, 0.0)
-    if strategy not in available_strategies(compressor):
-        raise ValueError(f"strategy must be one of {available_strategies(compressor)} for {compressor!r}, "
-                         f"got {strategy!r}")
-    compression = cluster.encode_decode(elements) + tensors * cluster.compression_per_tensor
-    if alone:
-        compression += cluster.compression_fixed
-    if tensors > 1:
-        compression += cluster.merge_per_element * elements
-    if strategy in _STRATEGY_PER_SLOT:
-        slots = compressor.payload_length(elements)
-        compression = max(compression + getattr(cluster, _STRATEGY_PER_SLOT[strategy]) * slots, 0.0)
-    bookkeeping = WIRE_TENSORS * cluster.per_tensor if k > 1 else 0.0
-    payload = compressor.payload_bytes(elements) + _NON_FINITE_COUNT_BYTES
-    if strategy == "allgather":
-        return StrategyTime(ring_allgather(payload, k, cluster.allgather) + bookkeeping, compression)
-    if strategy == "allreduce":
-        communication = ring_allreduce(payload, k, cluster.allreduce)
-        if getattr(compressor, "agrees_scale", False):
-            # IntQuant: the scales' allgather, priced for each bucket (an upper bound: one per step)
-            communication += ring_allgather(4, k, cluster.allgather)
-        return StrategyTime(communication + bookkeeping, compression)
-    if strategy == "partitioned":
-        return StrategyTime(partitioned_allreduce(compressor, [elements], k, cluster.allgather)
-                            + bookkeeping, compression)
-    selected = 4 * compressor.payload_length(elements)
-    reduce = tree_allreduce if tree else ring_allreduce
-    communication = broadcast(selected, k, cluster.allgather) + reduce(selected + _NON_FINITE_COUNT_BYTES, k, cluster.allreduce)
-    if getattr(compressor, "artopk_owner", "star") == "var":
-        communication += ring_allgather(4, k, cluster.allgather)
-    return StrategyTime(communication + bookkeeping, compression)

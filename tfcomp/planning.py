@@ -6,7 +6,7 @@ MergeComp (001) does: for every number of groups y it finds the best partition i
 dynamic programming on the cost model (Eq. 7: each bucket costs its compression h(x) plus its
 communication g(x), both affine in its size; a bucket may start only when its last gradient is
 ready and the previous bucket is done, which is the overlap term), giving each bucket the strategy
-(`tfcomp.cost_model.STRATEGIES`) with the smallest predicted time, dense on ties. Algorithm 2 then
+(`tfcomp.strategies`) with the smallest predicted time, dense on ties. Algorithm 2 then
 walks y = 1, 2, ... and stops when one more group no longer helps by `min_gain` (1 %), up to
 `max_groups` (8). What compressing costs once per exchange whatever the buckets
 (`ClusterModel.compression_fixed`) is added to the result, and a plan that then is not faster than
@@ -20,7 +20,8 @@ runs while the backward pass computes beside it is fitted to a measured exchange
 `per_tensor_plan` is the plan with planning="off": one bucket per tensor; `dense_plan` the plan
 of an exchange whose calibration runs between its first training steps: everything dense.
 `predicted_exchange_time` prices a plan as the exchange runs it (one grouped collective per compressed
-strategy, one allreduce per dense tensor from when it is ready, fused by Horovod's loop: the replay
+strategy, priced by the strategy's `communication`, the function its buckets were priced with in the
+search; one allreduce per dense tensor from when it is ready, fused by Horovod's loop: the replay
 that prices plain Horovod); the search uses it too.
 `tfcomp.planner` compares plans across ranks; `PlanMismatchError` is what it raises on every rank.
 """
@@ -34,6 +35,7 @@ import json
 import math
 
 from tfcomp import cost_model as cm
+from tfcomp import strategies as st
 
 __all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain", "dense_plan", "digest",
            "fit_overlap_slowdown", "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan",
@@ -51,13 +53,18 @@ def digest(value) -> int:
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """Gradients exchanged together: their positions in the exchange's list (backprop order), total
-    float32 elements, strategy, and the predicted seconds with it and sent dense."""
+    float32 elements, strategy (a `tfcomp.strategies.Strategy`; given by its name, the registered
+    strategy of that name), and the predicted seconds with it and sent dense."""
 
     positions: tuple
     elements: int
-    strategy: str
+    strategy: st.Strategy
     predicted: cm.StrategyTime
     dense_seconds: float
+
+    def __post_init__(self):
+        if not isinstance(self.strategy, st.Strategy):
+            object.__setattr__(self, "strategy", st.parse(self.strategy, "Bucket.strategy"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +101,14 @@ class Plan:
 
     @property
     def compressed(self) -> tuple:
-        return tuple(b for b in self.buckets if b.strategy != "dense")
+        return tuple(b for b in self.buckets if b.strategy.compresses)
 
     def all_dense(self) -> "Plan":
         """The plan that sends everything dense (what a plan trial times against the plan): the
         best all-dense buckets where the search found them, else these buckets, sent dense."""
         if self.dense_buckets:
             return dataclasses.replace(self, buckets=self.dense_buckets, dense_buckets=())
-        return dataclasses.replace(self, buckets=tuple(dataclasses.replace(b, strategy="dense") for b in self.buckets))
+        return dataclasses.replace(self, buckets=tuple(dataclasses.replace(b, strategy=st.DENSE) for b in self.buckets))
 
     def record(self) -> dict:
         """The plan as JSON-ready lists, the compressor as its class name and `get_config()` (a tfcomp
@@ -179,7 +186,7 @@ def _cheapest(elements: int, tensors: int, strategies, compressor, cluster) -> t
     """(strategy, StrategyTime) with the smallest total; the earliest listed (dense) on ties."""
     best = None
     for strategy in strategies:
-        t = cm.strategy_time(strategy, elements, compressor, cluster, tensors=tensors, alone=False)
+        t = strategy.time(elements, compressor, cluster, tensors=tensors, alone=False)
         if best is None or t.total < best[1].total:
             best = (strategy, t)
     return best
@@ -230,7 +237,7 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     names = {p: name for p, name, _ in tensors}
     ready_by_position = {p: t for (p, _, _), t in zip(tensors, ready)} if any(ready) else {}
     sizes = {p: n for p, _, n in tensors}
-    strategies = (compressor.strategy,) if compressor.strategy else cm.available_strategies(compressor)
+    strategies = (compressor.strategy,) if compressor.strategy else compressor.strategies
 
     def search(kept, allowed) -> Plan:
         members = [(t, r) for t, r in zip(tensors, ready) if kept(t)]
@@ -243,19 +250,19 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     def everything(tensor) -> bool:
         return True
 
-    if strategies == ("dense",) or not any(map(compressible, tensors)):
-        return search(everything, ("dense",))
+    if not any(s.compresses for s in strategies) or not any(map(compressible, tensors)):
+        return search(everything, (st.DENSE,))
     plan = search(compressible, strategies)
     if not all(map(compressible, tensors)):
         # Tensors under min_elements go dense, in buckets of their own, merged with dense neighbours.
         order = {p: i for i, (p, _, _) in enumerate(tensors)}
-        kept_dense = search(lambda t: not compressible(t), ("dense",)).buckets
+        kept_dense = search(lambda t: not compressible(t), (st.DENSE,)).buckets
         buckets = sorted(plan.buckets + kept_dense, key=lambda b: min(order[p] for p in b.positions))
         plan = _merge_neighbours(dataclasses.replace(plan, buckets=tuple(buckets)))
     if not plan.compressed:
-        return search(everything, ("dense",))
-    if "dense" in strategies:
-        dense = search(everything, ("dense",))
+        return search(everything, (st.DENSE,))
+    if st.DENSE in strategies:
+        dense = search(everything, (st.DENSE,))
         if predicted_exchange_time(dense) <= predicted_exchange_time(plan):
             # What compressed buckets cost once per exchange (cluster.compression_fixed) outweighs what they save.
             return dense
@@ -329,15 +336,15 @@ def _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups
         for i, j in reversed(cuts):
             members = [t for start, end in units[i:j] for t in tensors[start:end]]
             strategy, predicted = cost[i, j]
-            dense = cm.strategy_time("dense", prefix[j] - prefix[i], compressor, cluster, tensors=len(members)).total
+            dense = st.DENSE.time(prefix[j] - prefix[i], compressor, cluster, tensors=len(members)).total
             buckets.append(Bucket(tuple(p for p, _, _ in members), prefix[j] - prefix[i], strategy, predicted, dense))
         partitions[groups_wanted] = buckets
     return partitions
 
 
 def _dense_bucket(bucket, compressor, cluster):
-    time = cm.strategy_time("dense", bucket.elements, compressor, cluster, tensors=len(bucket.positions))
-    return Bucket(bucket.positions, bucket.elements, "dense", time, time.total)
+    time = st.DENSE.time(bucket.elements, compressor, cluster, tensors=len(bucket.positions))
+    return Bucket(bucket.positions, bucket.elements, st.DENSE, time, time.total)
 
 
 def _merge_neighbours(plan: Plan) -> Plan:
@@ -346,9 +353,9 @@ def _merge_neighbours(plan: Plan) -> Plan:
     `predicted_exchange_time` prices them so: merged or apart, the plan's time is the same."""
     merged = []
     for b in plan.buckets:
-        if merged and merged[-1].strategy == "dense" == b.strategy:
+        if merged and not merged[-1].strategy.compresses and not b.strategy.compresses:
             last = merged[-1]
-            merged[-1] = _dense_bucket(Bucket(last.positions + b.positions, last.elements + b.elements, "dense",
+            merged[-1] = _dense_bucket(Bucket(last.positions + b.positions, last.elements + b.elements, st.DENSE,
                                               last.predicted, 0.0), plan.compressor, plan.cluster)
         else:
             merged.append(b)
@@ -359,7 +366,7 @@ def dense_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
     """Every tensor sent dense, in one bucket (the exchange sends each dense tensor by its own
     allreduce, which Horovod fuses): the plan of an exchange whose calibration has yet to run."""
     _check_cluster(cluster)
-    bucket = Bucket(tuple(p for p, _, _ in tensors), sum(n for _, _, n in tensors), "dense", None, 0.0)
+    bucket = Bucket(tuple(p for p, _, _ in tensors), sum(n for _, _, n in tensors), st.DENSE, None, 0.0)
     return Plan((_dense_bucket(bucket, compressor, cluster),) if tensors else (),
                 {p: name for p, name, _ in tensors}, compressor, cluster, sizes={p: n for p, _, n in tensors})
 
@@ -368,12 +375,12 @@ def per_tensor_plan(tensors, compressor, cluster: cm.ClusterModel) -> Plan:
     """planning="off": one bucket per tensor; tensors of at least compressor.min_elements use the
     forced strategy or the compressor's own collective, smaller ones go dense."""
     _check_cluster(cluster)
-    own = compressor.strategy or ("dense" if compressor.collective == "dense" else compressor.collective)
+    own = compressor.strategy or compressor.collective
     buckets = []
     for position, _, elements in tensors:
-        strategy = own if elements >= compressor.min_elements else "dense"
-        dense = cm.strategy_time("dense", elements, compressor, cluster)
-        predicted = cm.strategy_time(strategy, elements, compressor, cluster, alone=False)
+        strategy = own if elements >= compressor.min_elements else st.DENSE
+        dense = st.DENSE.time(elements, compressor, cluster)
+        predicted = strategy.time(elements, compressor, cluster, alone=False)
         buckets.append(Bucket((position,), elements, strategy, predicted, dense.total))
     return Plan(tuple(buckets), {p: name for p, name, _ in tensors}, compressor, cluster,
                 sizes={p: n for p, _, n in tensors})
@@ -394,16 +401,16 @@ def predicted_exchange_time(plan: Plan) -> float:
     per bucket. All of it is one queue of collectives (`tfcomp.cost_model.network_queue_end`, the
     replay that prices plain Horovod too), every tensor put in a collective adds the per-tensor
     bookkeeping, and what compressing costs once per step (`cluster.compression_fixed`) comes last.
-    The exchange ends no earlier than the last gradient."""
+    Each group's network time is its strategy's `communication`, the price the search gave its
+    buckets one by one. The exchange ends no earlier than the last gradient."""
     cluster, k, compressor = plan.cluster, plan.cluster.workers, plan.compressor
-    per_tensor = cluster.per_tensor if k > 1 else 0.0
 
     def ready_of(bucket) -> float:
         return max(plan.ready.get(p, 0.0) for p in bucket.positions)
 
     # (ready, bytes, tensors) per allreduce the exchange submits
-    dense = [(plan.ready.get(p, 0.0), compressor.dense_element_bytes * plan.sizes[p], 1)
-             for b in plan.buckets if b.strategy == "dense" for p in b.positions]
+    dense = [(plan.ready.get(p, 0.0), b.strategy.wire_bytes(compressor, plan.sizes[p], k), 1)
+             for b in plan.buckets if not b.strategy.compresses for p in b.positions]
     groups = {}
     for b in plan.compressed:
         groups.setdefault(b.strategy, []).append(b)
@@ -412,27 +419,11 @@ def predicted_exchange_time(plan: Plan) -> float:
     computing = backward_end  # the device is busy with the backward pass until then
     for strategy, buckets in sorted(groups.items(), key=lambda item: max(map(ready_of, item[1]))):
         computing += sum(b.predicted.compression for b in buckets)
-        network = _group_communication(strategy, [b.elements for b in buckets], compressor, cluster)
-        collectives.append((computing, network + cm.WIRE_TENSORS * len(buckets) * per_tensor))
+        network = strategy.communication([b.elements for b in buckets], compressor, cluster)
+        tensors = sum(len(b.positions) for b in buckets)
+        collectives.append((computing, network + strategy.bookkeeping(len(buckets), tensors, cluster)))
     end = max(cm.network_queue_end(dense, collectives, cluster, backward_end), backward_end)
     return end + (cluster.compression_fixed if plan.compressed else 0.0)
-
-
-def _group_communication(strategy: str, elements: list, compressor, cluster: cm.ClusterModel) -> float:
-    """Network seconds of one grouped collective of compressed buckets of `elements` each."""
-    k = cluster.workers
-    if strategy == "allgather":
-        return cm.ring_allgather(sum(compressor.payload_bytes(n) + 4 for n in elements), k, cluster.allgather)
-    if strategy == "allreduce":
-        return cm.ring_allreduce(sum(compressor.payload_bytes(n) + 4 for n in elements), k, cluster.allreduce)
-    if strategy == "partitioned":
-        return cm.partitioned_allreduce(compressor, elements, k, cluster.allgather)
-    selected = [4 * compressor.payload_length(n) for n in elements]
-    seconds = sum(cm.broadcast(s, k, cluster.allgather) for s in selected)
-    seconds += cm.ring_allreduce(sum(s + 4 for s in selected), k, cluster.allreduce)
-    if getattr(compressor, "artopk_owner", "star") == "var":
-        seconds += cm.ring_allgather(4 * len(selected), k, cluster.allgather)
-    return seconds
 
 
 def check_min_gain(min_gain) -> None:
@@ -542,9 +533,11 @@ def network_explaining(plan: Plan, measured_seconds: float, tolerance: float = 1
         raise ValueError(f"measured_seconds must be finite seconds >= 0, got {measured_seconds!r}")
 
     def scaled(factor: float) -> cm.ClusterModel:
-        return dataclasses.replace(plan.cluster, **{
-            name: dataclasses.replace(network, bandwidth=min(network.bandwidth * factor, _MAX_BANDWIDTH))
-            for name, network in (("allreduce", plan.cluster.allreduce), ("allgather", plan.cluster.allgather))})
+        def faster(network: cm.Network) -> cm.Network:
+            return dataclasses.replace(network, bandwidth=min(network.bandwidth * factor, _MAX_BANDWIDTH))
+
+        return dataclasses.replace(plan.cluster, allreduce=faster(plan.cluster.allreduce),
+                                   allgather=faster(plan.cluster.allgather))
 
     def predicted(log_factor: float) -> float:
         return predicted_exchange_time(dataclasses.replace(plan, cluster=scaled(math.exp(log_factor))))

@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfcomp import ops
+from tfcomp import strategies as st
 from tfcomp.compressors import FP16, scale_values
 from tfcomp.counters import stamp, stamps, tensor_bytes
 from tfcomp.timeline import ExchangeTimeline
@@ -166,14 +167,9 @@ def _sum_stays_finite(wire, num_workers: int):
 
 
 def wire_bytes(compressor, bucket, num_workers: int) -> int:
-    """Bytes one worker sends for a compressed bucket (AR-Topk: the values; the owner's indices
-    too; partitioned: at most its k pairs to their owners and, as an owner, its budget of sums)."""
-    if bucket.strategy == "artopk":
-        return 4 * compressor.payload_length(bucket.elements)
-    if bucket.strategy == "partitioned":
-        pairs = compressor.payload_length(bucket.elements)
-        return 8 * pairs + 8 * compressor.owned_pairs(pairs, num_workers)
-    return compressor.payload_bytes(bucket.elements)
+    """Bytes one worker sends for a compressed bucket: its strategy's `wire_bytes` (what
+    `tfcomp.exchange` reports per tensor)."""
+    return bucket.strategy.wire_bytes(compressor, bucket.elements, num_workers)
 
 
 def _bucket_end(plan, bucket, outputs) -> tf.Tensor:
@@ -186,7 +182,7 @@ def _bucket_end(plan, bucket, outputs) -> tf.Tensor:
     backward pass computes gradients in the order of their variables or its reverse; one clock
     where they are the same)."""
     positions = bucket.positions
-    if bucket.strategy != "dense":
+    if bucket.strategy.compresses:
         return stamp([outputs[positions[0]]])
     if any(plan.ready.values()):
         return stamp([outputs[max(positions, key=lambda p: plan.ready.get(p, 0.0))]])
@@ -196,7 +192,7 @@ def _bucket_end(plan, bucket, outputs) -> tf.Tensor:
 
 class StepRuntime:
     """What one plan's steps keep besides the exchange's state, not checkpointed (a plain holder):
-    `flush`, a bool variable per variant ("plan", "dense": the trial's all-dense twin), set while
+    `flush`, a bool variable per variant ("plan", "all_dense": the trial's all-dense twin), set while
     a dense bucket's tensor may hold a residual still to send (at first, in case a restore brought
     one; for the twin, after every step of the plan), the plan's `PlanTrial` or None, its
     `ExchangeTimeline` (when each gradient was ready and each bucket done), and
@@ -208,7 +204,7 @@ class StepRuntime:
         with tf.init_scope():
             # With residuals_sent the flags start, and stay, clear: nothing sets them in an all-dense plan's steps.
             self.flush = {variant: tf.Variable(not residuals_sent, trainable=False, name=f"tfcomp_flush_{variant}")
-                          for variant in ("plan", "dense")}
+                          for variant in ("plan", "all_dense")}
         self.trial = trial
         self.timeline = timeline
         self.residuals_sent = residuals_sent
@@ -218,7 +214,7 @@ class StepRuntime:
         dense and no dense tensor's residual is left to send: read eagerly, after the trial (if
         any) has decided against the plan or where the plan is all dense."""
         if self.trial is not None:
-            return not self.trial.read()["compressed"] and not bool(self.flush["dense"].numpy())
+            return not self.trial.read()["compressed"] and not bool(self.flush["all_dense"].numpy())
         return not plan.compressed and not bool(self.flush["plan"].numpy())
 
 
@@ -295,10 +291,10 @@ class StepGraph:
             # A dense step sends the residuals the plan's steps left (the first after them, or the first of all
             # where a restore may have brought some), and every other one sends the gradients as Horovod does: the
             # trial times that against the plan, not a dense step carrying the residuals' tf.conds (1.10x).
-            index = tf.where(compressed, 0, tf.where(runtime.flush["dense"].read_value(), 1, 2))
+            index = tf.where(compressed, 0, tf.where(runtime.flush["all_dense"].read_value(), 1, 2))
             dense, sizes = plan.all_dense(), [int(g.shape.num_elements() or 0) for g in grads]
             out = tf.switch_case(index, [lambda: self._reduce(plan, grads, sources, runtime, "plan"),
-                                         lambda: self._reduce(dense, grads, sources, runtime, "dense"),
+                                         lambda: self._reduce(dense, grads, sources, runtime, "all_dense"),
                                          lambda: self._reduce_once(dense, grads, sources, sizes, flush=None)])
         self.state.step.assign_add(1)
         outputs = [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o) for o in out]
@@ -314,7 +310,7 @@ class StepGraph:
         return out
 
     def _reduce(self, plan, grads, sources, runtime, variant: str):
-        """The reduced grads under `plan` (`variant`: "plan", or "dense" for a trial's all-dense
+        """The reduced grads under `plan` (`variant`: "plan", or "all_dense" for a trial's all-dense
         twin). Where a dense bucket's tensor has error-feedback memory, its residual is sent (and
         cleared) only while `runtime.flush[variant]` is set: a residual is left after a restore and,
         for the dense twin, after each step of the plan's compressed buckets; once sent it stays
@@ -326,9 +322,9 @@ class StepGraph:
         sizes = [int(g.shape.num_elements() or 0) for g in grads]
         memory = self.state.memory if self.compressor.error_feedback and not runtime.residuals_sent else None
         with_residuals = memory is not None and any(
-            memory.has(sources[i]) for b in plan.buckets if b.strategy == "dense" for i in b.positions)
+            memory.has(sources[i]) for b in plan.buckets if not b.strategy.compresses for i in b.positions)
         if plan.compressed:
-            runtime.flush["dense"].assign(True)
+            runtime.flush["all_dense"].assign(True)
         if not with_residuals:
             return self._reduce_once(plan, grads, sources, sizes, flush=None)
         flag = runtime.flush[variant]
@@ -346,7 +342,7 @@ class StepGraph:
         memory_dense = self._dense_buckets_with_memory(plan, sources, sizes, flush)
         with_memory = {p for b in memory_dense for p in b.positions}
         # The dense buckets' tensors in the plan's order, then the tensors outside the plan.
-        dense = [i for b in plan.buckets if b.strategy == "dense" for i in b.positions if i not in with_memory]
+        dense = [i for b in plan.buckets if not b.strategy.compresses for i in b.positions if i not in with_memory]
         dense += [i for i, g in enumerate(grads) if i not in planned and not isinstance(g, tf.IndexedSlices)]
         prescale, postscale = self._dense_factors()
         for i, g in enumerate(grads):
@@ -381,7 +377,7 @@ class StepGraph:
             return ()
         corrected, memory = bool(self.compressor.optimizer_state), self.state.memory
         return tuple(dataclasses.replace(b, positions=(i,), elements=sizes[i])
-                     for b in plan.buckets if b.strategy == "dense" for i in b.positions
+                     for b in plan.buckets if not b.strategy.compresses for i in b.positions
                      if corrected or (flush is not None and memory.has(sources[i])))
 
     def _dense_factors(self):
@@ -492,7 +488,7 @@ class StepGraph:
         optimizer moments, each concatenated, or None). Without `with_residual` the residuals
         (known to be zero) are not read. `corrections`: under Adam correction, this step's
         `ops.adam_bias_corrections`."""
-        apart = self.compressor.fuses_residual and bucket.strategy not in ("artopk", "dense")
+        apart = self.compressor.fuses_residual and bucket.strategy.compresses and _GRAPHS[bucket.strategy].encodes
         parts = [self._accumulate(grads[i], sources[i], apart, with_residual, corrections) for i in bucket.positions]
         if all(isinstance(acc, _Unsummed) for acc, _ in parts):
             accumulated = _Unsummed([g for acc, _ in parts for g in acc.grads],
@@ -583,7 +579,8 @@ class StepGraph:
         return _MemoryUpdate(remainder, moments, None)
 
     def _send_compressed(self, accumulated, buckets):
-        """Encodes, exchanges and decodes the accumulated buckets.
+        """Encodes, exchanges and decodes the accumulated buckets, each by its strategy's graph
+        (`_GRAPHS`).
 
         Returns (reduced buckets, [_MemoryUpdate] or [], whether each reduced bucket is finite).
         Buckets of one strategy share one grouped collective. A non-finite value anywhere in a
@@ -593,139 +590,38 @@ class StepGraph:
         the decode sums them (no pass over the dense result).
         """
         compressor = self.compressor
-        num_workers = self.collectives.size
-        worker = self.collectives.rank
-        step = self.state.step
+        groups = [(graph, [n for n, b in enumerate(buckets) if b.strategy == strategy])
+                  for strategy, graph in _GRAPHS.items()]
+        groups = [(graph, members) for graph, members in groups if members]
+        agreed = [None] * len(buckets)
+        for graph, members in groups:
+            for n, value in zip(members, graph.agree(self, [accumulated[n][0] for n in members])):
+                agreed[n] = value
         payloads, updates = [], []
-        scales = self._agreed_scales(accumulated, buckets)
         for position, ((acc, moments), bucket) in enumerate(zip(accumulated, buckets)):
-            seed = step * 65536 + position
-            if bucket.strategy == "artopk":
-                payload = self._artopk_payload(acc, seed, worker, num_workers)
-            else:
-                if isinstance(acc, _Unsummed) and not acc.residuals:
-                    encoded = compressor.encode(acc.grads, seed, worker)
-                elif isinstance(acc, _Unsummed):
-                    encoded, acc = compressor.encode_sum(acc.grads, acc.residuals, seed, worker)
-                elif position in scales:
-                    encoded = compressor.encode_scaled(acc, scales[position], seed, worker, num_workers)
-                else:
-                    encoded = compressor.encode(acc, seed, worker)
-                sent = None
-                if compressor.error_feedback:
-                    pairs = compressor.sent_pairs(encoded)
-                    sent = tuple(pairs) if pairs else compressor.decode_local(encoded, int(acc.shape[0]))
-                payload = _Payload(encoded.wire, encoded.context, sent)
-            shown = compressor.payload_shows_non_finite and bucket.strategy != "artopk"
+            graph = _GRAPHS[bucket.strategy]
+            payload, acc = graph.payload(self, acc, agreed[position], self.state.step * 65536 + position)
+            shown = compressor.payload_shows_non_finite and graph.encodes
             non_finite = _any_non_finite([t for t in payload.wire if t.dtype.is_floating] if shown else [acc])
             payloads.append(payload._replace(wire=tuple(payload.wire) + (non_finite,)))
             if compressor.error_feedback:
                 updates.append(self._memory_update(acc, moments, payload, [non_finite, *payload.wire]))
         received = [None] * len(buckets)
-        partitioned = [n for n, b in enumerate(buckets) if b.strategy == "partitioned"]
-        if partitioned:
-            joint, offsets = self._exchange_partitioned([payloads[n].wire for n in partitioned],
-                                                        [int(accumulated[n][0].shape[0]) for n in partitioned])
-            for n, offset in zip(partitioned, offsets):
-                received[n] = (joint, offset)
-        for strategy in ("allgather", "allreduce", "artopk"):
-            members = [n for n, b in enumerate(buckets) if b.strategy == strategy]
-            if not members:
-                continue
-            wires = [t for n in members for t in payloads[n].wire]
-            self._count_sent(tf.add_n([tensor_bytes(t) for t in wires]))
-            if strategy == "allgather":
-                exchanged = self.collectives.allgather(wires)
-            else:
-                exchanged = self.collectives.allreduce_sum(wires)
-            start = 0
-            for n in members:
-                received[n] = tuple(exchanged[start:start + len(payloads[n].wire)])
-                start += len(payloads[n].wire)
+        for graph, members in groups:
+            exchanged = graph.exchange(self, [payloads[n].wire for n in members],
+                                       [int(accumulated[n][0].shape[0]) for n in members])
+            for n, result in zip(members, exchanged):
+                received[n] = result
         reduced, finite = [], []
-        scale = 1.0 / num_workers if self.op == hvd.Average else 1.0
-        for n, ((acc, _), bucket, payload, wire) in enumerate(zip(accumulated, buckets, payloads, received)):
-            size = int(acc.shape[0])
-            if bucket.strategy == "partitioned":
-                joint, offset = wire
-                total = ops.sparse_batched_decode(scale_values(joint.values, scale), joint.local_indices(offset, size),
-                                                  size)
-                if compressor.error_feedback:
-                    updates[n] = updates[n]._replace(cleared=_kept_by_owners(payload.sent, total))
-                reduced.append(tf.cond(joint.flagged, lambda size=size: tf.fill([size], float("nan")),
-                                       lambda t=total: t))
-                finite.append(tf.logical_not(joint.flagged))
-                continue
-            if bucket.strategy == "artopk":
-                total = ops.sparse_batched_decode(scale_values(wire[0], scale), payload.context, size)
-            else:
-                total = compressor.decode_sum(wire[:-1], payload.context, size, num_workers, scale)
-            flagged = tf.reduce_sum(wire[-1]) > 0
-            # Only where a worker flagged a non-finite value is a new (NaN) tensor made.
-            reduced.append(tf.cond(flagged, lambda size=size: tf.fill([size], float("nan")), lambda t=total: t))
-            finite.append(tf.logical_and(tf.logical_not(flagged), _sum_stays_finite(wire[:-1], num_workers)))
+        scale = 1.0 / self.collectives.size if self.op == hvd.Average else 1.0
+        for n, ((acc, _), bucket, payload) in enumerate(zip(accumulated, buckets, payloads)):
+            total, is_finite, cleared = _GRAPHS[bucket.strategy].decode(self, received[n], payload,
+                                                                        int(acc.shape[0]), scale)
+            if cleared is not None:
+                updates[n] = updates[n]._replace(cleared=cleared)
+            reduced.append(total)
+            finite.append(is_finite)
         return reduced, updates, finite
-
-    def _exchange_partitioned(self, wires, sizes) -> tuple:
-        """The hash-partitioned sparse allreduce of the payloads `wires` ((values, indices, non-finite
-        flag) of each bucket, `sizes` elements each; joined in one index space, each bucket at the
-        sum of the sizes before it): every worker's pairs go to the owner of their index
-        (`ops.hash_partition`) by one alltoall; each owner sums its pairs per index and keeps at most
-        its budget of sums, the largest in magnitude (`ops.sum_pairs`, `compressor.owner_budget`); one allgather
-        shares the owners' sums, each with a row (index -1) carrying its worker's flag, NaN where
-        set, so that every rank voids the buckets alike. Returns (`_Partitioned`, each bucket's offset)."""
-        num_workers = self.collectives.size
-        offsets = [int(o) for o in np.cumsum([0] + list(sizes[:-1]))]
-        if sum(sizes) > ops.MAX_LENGTH:
-            raise ValueError(f"the partitioned buckets hold {sum(sizes)} elements together, more than the "
-                             f"{ops.MAX_LENGTH} that int32 indices can name; force another strategy")
-        values = _concat([w[0] for w in wires])
-        indices = _concat([w[1] if o == 0 else tf.where(w[1] >= 0, w[1] + o, -1) for w, o in zip(wires, offsets)])
-        flagged = tf.reduce_max(tf.concat([w[2] for w in wires], axis=0)) > 0
-        rows, splits = ops.hash_partition(values, indices, num_workers)
-        self._count_sent(tensor_bytes(rows))
-        received, _ = self.collectives.alltoall(rows, splits)
-        budget = self.compressor.owner_budget(sum(int(w[1].shape[0]) for w in wires), num_workers)
-        flag = tf.bitcast(tf.where(flagged, float("nan"), 0.0), tf.int32)
-        mine = tf.concat([ops.sum_pairs(received, None if budget is None else min(budget, ops.MAX_LENGTH)),
-                          tf.reshape(tf.stack([tf.constant(-1, tf.int32), flag]), [1, 2])], axis=0)
-        self._count_sent(tensor_bytes(mine))
-        gathered, = self.collectives.allgather([mine])
-        values = tf.bitcast(gathered[:, 1], tf.float32)
-        return _Partitioned(gathered[:, 0], values, tf.reduce_any(tf.logical_not(tf.math.is_finite(values)))), offsets
-
-    def _agreed_scales(self, accumulated, buckets) -> dict:
-        """{bucket position: float32 scalar} for the allreduce buckets of a compressor that
-        `agrees_scale`: the largest of all workers' `local_scale`, by one allgather of one float32
-        per such bucket (non-finite where some worker's bucket is; its flag then voids the sum)."""
-        if not self.compressor.agrees_scale:
-            return {}
-        members = [n for n, b in enumerate(buckets) if b.strategy == "allreduce"]
-        if not members:
-            return {}
-        local = tf.stack([self.compressor.local_scale(accumulated[n][0]) for n in members])
-        self._count_sent(tensor_bytes(local))
-        gathered, = self.collectives.allgather([local])
-        agreed = tf.reduce_max(tf.reshape(gathered, [self.collectives.size, len(members)]), axis=0)
-        return {n: agreed[i] for i, n in enumerate(members)}
-
-    def _artopk_payload(self, acc, seed, worker, num_workers):
-        """AR-Topk (003 Algorithm 1): the owner's selected indices are broadcast, every worker sends
-        its values at them (to be summed by allreduce). Owner: round-robin over steps (STAR), or the
-        worker whose accumulated gradient has the largest variance (VAR, ties to the lowest rank)."""
-        _, own_indices = self.compressor.encode(acc, seed, worker).wire
-        if self.compressor.artopk_owner == "var":
-            variances, = self.collectives.allgather([tf.reshape(tf.math.reduce_variance(acc), [1])])
-            owner = tf.cast(tf.argmax(variances), tf.int32)
-        else:
-            owner = tf.cast(self.state.step % num_workers, tf.int32)
-        self._count_sent(tf.where(tf.equal(owner, worker), tensor_bytes(own_indices), tf.constant(0.0, tf.float64)))
-        indices = tf.switch_case(owner, [
-            functools.partial(self.collectives.broadcast, own_indices, root, f"tfcomp_artopk_indices_from_{root}")
-            for root in range(num_workers)
-        ])
-        values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
-        return _Payload((values,), indices, (values, indices) if self.compressor.error_feedback else None)
 
     def _send_dense(self, accumulated, residual_kept):
         """Warm-up steps and dense buckets with memory: gradient (or its momentum u, or Adam's
@@ -738,3 +634,181 @@ class StepGraph:
         if self.compressor.error_feedback:
             updates = [_MemoryUpdate(None, moments, None, kept) for (_, moments), kept in zip(accumulated, residual_kept)]
         return reduced, updates
+
+
+# -- the strategies' graphs --------------------------------------------------------------------------
+
+class _CompressedGraph:
+    """The graph of a compressing strategy (`tfcomp.strategies`, whose object prices it), registered
+    under it in `_GRAPHS`: what the buckets of one exchange with it agree on before encoding, each
+    bucket's payload, the group's collective, and each bucket's decode. Methods take the
+    `StepGraph` that builds the step (its compressor, collectives, state and counters).
+
+    `encodes`: the payload is the compressor's encode of the bucket (so a compressor that
+    `fuses_residual` may read its parts apart, and one whose `payload_shows_non_finite` flags a
+    non-finite value from the payload); False: the strategy makes its own payload."""
+
+    encodes = True
+
+    def agree(self, step: "StepGraph", accumulated: list) -> list:
+        """What each of the group's accumulated buckets (float32 [n_i], or `_Unsummed`) is encoded
+        with besides itself, agreed by all ranks (None each: nothing)."""
+        return [None] * len(accumulated)
+
+    def payload(self, step: "StepGraph", acc, agreed, seed) -> tuple:
+        """(`_Payload`, the accumulated bucket as float32 [n]) of one bucket, encoded by the
+        compressor with `seed` (int64 scalar; `agreed`: what `agree` gave it). Where the compressor
+        adds the residual in its kernels, the sum they wrote is the accumulated bucket."""
+        compressor = step.compressor
+        worker = step.collectives.rank
+        if isinstance(acc, _Unsummed) and not acc.residuals:
+            encoded = compressor.encode(acc.grads, seed, worker)
+        elif isinstance(acc, _Unsummed):
+            encoded, acc = compressor.encode_sum(acc.grads, acc.residuals, seed, worker)
+        elif agreed is not None:
+            encoded = compressor.encode_scaled(acc, agreed, seed, worker, step.collectives.size)
+        else:
+            encoded = compressor.encode(acc, seed, worker)
+        sent = None
+        if compressor.error_feedback:
+            pairs = compressor.sent_pairs(encoded)
+            sent = tuple(pairs) if pairs else compressor.decode_local(encoded, int(acc.shape[0]))
+        return _Payload(encoded.wire, encoded.context, sent), acc
+
+    def exchange(self, step: "StepGraph", wires: list, sizes: list) -> list:
+        """What each bucket receives from the group's one collective of `wires` (each bucket's wire
+        tensors, its non-finite flag last; `sizes`: its elements)."""
+        raise NotImplementedError
+
+    def decode(self, step: "StepGraph", received, payload: _Payload, size: int, scale: float) -> tuple:
+        """(reduced float32 [size], bool scalar: whether it is finite, the (values, indices) that
+        error feedback clears instead of those this worker sent, or None) of one bucket: `scale`
+        times the decoded sum of the workers' payloads, NaN where a worker flagged a non-finite
+        value."""
+        total = step.compressor.decode_sum(received[:-1], payload.context, size, step.collectives.size, scale)
+        return _voided_where_flagged(received, total, size, step.collectives.size)
+
+
+def _voided_where_flagged(received, total, size: int, num_workers: int) -> tuple:
+    """`decode`'s result for a bucket whose wire tensors `received` end with the workers' summed or
+    gathered non-finite flags: `total`, or NaN where a worker flagged (only then is a new tensor made)."""
+    flagged = tf.reduce_sum(received[-1]) > 0
+    reduced = tf.cond(flagged, lambda: tf.fill([size], float("nan")), lambda: total)
+    return reduced, tf.logical_and(tf.logical_not(flagged), _sum_stays_finite(received[:-1], num_workers)), None
+
+
+def _grouped(step: "StepGraph", wires: list, collective) -> list:
+    """Each bucket's part of one `collective` (the collectives' allgather or allreduce_sum) of all
+    the buckets' wire tensors."""
+    flat = [t for wire in wires for t in wire]
+    step._count_sent(tf.add_n([tensor_bytes(t) for t in flat]))
+    exchanged, parts, start = collective(flat), [], 0
+    for wire in wires:
+        parts.append(tuple(exchanged[start:start + len(wire)]))
+        start += len(wire)
+    return parts
+
+
+class _AllgatherGraph(_CompressedGraph):
+    """Every worker's payload by one allgather, decoded together (`sparse_batched_decode` of all K
+    payloads for the sparsifiers)."""
+
+    def exchange(self, step, wires, sizes):
+        return _grouped(step, wires, step.collectives.allgather)
+
+
+class _SummedAllreduceGraph(_CompressedGraph):
+    """Payloads that add up, summed by one allreduce; for a compressor that `agrees_scale`
+    (IntQuant), encoded on the largest of all workers' `local_scale`, by one allgather of one
+    float32 per bucket of the group."""
+
+    def agree(self, step, accumulated):
+        compressor = step.compressor
+        if not compressor.agrees_scale:
+            return super().agree(step, accumulated)
+        local = tf.stack([compressor.local_scale(acc) for acc in accumulated])
+        step._count_sent(tensor_bytes(local))
+        gathered, = step.collectives.allgather([local])
+        # Non-finite where some worker's bucket is; its flag then voids the sum.
+        agreed = tf.reduce_max(tf.reshape(gathered, [step.collectives.size, len(accumulated)]), axis=0)
+        return [agreed[i] for i in range(len(accumulated))]
+
+    def exchange(self, step, wires, sizes):
+        return _grouped(step, wires, step.collectives.allreduce_sum)
+
+
+class _ArtopkGraph(_CompressedGraph):
+    """AR-Topk (003 Algorithm 1): the owner's selected indices are broadcast, every worker sends
+    its values at them, summed by one allreduce. Owner: round-robin over steps (STAR), or the
+    worker whose accumulated gradient has the largest variance (VAR, ties to the lowest rank)."""
+
+    encodes = False
+
+    def payload(self, step, acc, agreed, seed):
+        compressor, collectives = step.compressor, step.collectives
+        worker, num_workers = collectives.rank, collectives.size
+        _, own_indices = compressor.encode(acc, seed, worker).wire
+        if compressor.artopk_owner == "var":
+            variances, = collectives.allgather([tf.reshape(tf.math.reduce_variance(acc), [1])])
+            owner = tf.cast(tf.argmax(variances), tf.int32)
+        else:
+            owner = tf.cast(step.state.step % num_workers, tf.int32)
+        step._count_sent(tf.where(tf.equal(owner, worker), tensor_bytes(own_indices), tf.constant(0.0, tf.float64)))
+        indices = tf.switch_case(owner, [
+            functools.partial(collectives.broadcast, own_indices, root, f"tfcomp_artopk_indices_from_{root}")
+            for root in range(num_workers)
+        ])
+        values = tf.where(indices >= 0, tf.gather(acc, tf.maximum(indices, 0)), 0.0)
+        return _Payload((values,), indices, (values, indices) if compressor.error_feedback else None), acc
+
+    def exchange(self, step, wires, sizes):
+        return _grouped(step, wires, step.collectives.allreduce_sum)
+
+    def decode(self, step, received, payload, size, scale):
+        total = ops.sparse_batched_decode(scale_values(received[0], scale), payload.context, size)
+        return _voided_where_flagged(received, total, size, step.collectives.size)
+
+
+class _PartitionedGraph(_CompressedGraph):
+    """The hash-partitioned sparse allreduce of the group's payloads ((values, indices, non-finite
+    flag) of each bucket, joined in one index space, each bucket at the sum of the sizes before
+    it): every worker's pairs go to the owner of their index (`ops.hash_partition`) by one
+    alltoall; each owner sums its pairs per index and keeps at most its budget of sums, the largest
+    in magnitude (`ops.sum_pairs`, `compressor.owner_budget`); one allgather shares the owners'
+    sums, each with a row (index -1) carrying its worker's flag, NaN where set, so that every rank
+    voids the buckets alike. Error feedback keeps the pairs an owner dropped."""
+
+    def exchange(self, step, wires, sizes):
+        """(`_Partitioned`, the bucket's offset in it) for each bucket."""
+        num_workers = step.collectives.size
+        offsets = [int(o) for o in np.cumsum([0] + list(sizes[:-1]))]
+        if sum(sizes) > ops.MAX_LENGTH:
+            raise ValueError(f"the partitioned buckets hold {sum(sizes)} elements together, more than the "
+                             f"{ops.MAX_LENGTH} that int32 indices can name; force another strategy")
+        values = _concat([w[0] for w in wires])
+        indices = _concat([w[1] if o == 0 else tf.where(w[1] >= 0, w[1] + o, -1) for w, o in zip(wires, offsets)])
+        flagged = tf.reduce_max(tf.concat([w[2] for w in wires], axis=0)) > 0
+        rows, splits = ops.hash_partition(values, indices, num_workers)
+        step._count_sent(tensor_bytes(rows))
+        received, _ = step.collectives.alltoall(rows, splits)
+        budget = step.compressor.owner_budget(sum(int(w[1].shape[0]) for w in wires), num_workers)
+        flag = tf.bitcast(tf.where(flagged, float("nan"), 0.0), tf.int32)
+        mine = tf.concat([ops.sum_pairs(received, None if budget is None else min(budget, ops.MAX_LENGTH)),
+                          tf.reshape(tf.stack([tf.constant(-1, tf.int32), flag]), [1, 2])], axis=0)
+        step._count_sent(tensor_bytes(mine))
+        gathered, = step.collectives.allgather([mine])
+        values = tf.bitcast(gathered[:, 1], tf.float32)
+        joint = _Partitioned(gathered[:, 0], values, tf.reduce_any(tf.logical_not(tf.math.is_finite(values))))
+        return [(joint, offset) for offset in offsets]
+
+    def decode(self, step, received, payload, size, scale):
+        joint, offset = received
+        total = ops.sparse_batched_decode(scale_values(joint.values, scale), joint.local_indices(offset, size), size)
+        cleared = None if payload.sent is None else _kept_by_owners(payload.sent, total)
+        reduced = tf.cond(joint.flagged, lambda: tf.fill([size], float("nan")), lambda: total)
+        return reduced, tf.logical_not(joint.flagged), cleared
+
+
+# Each compressing strategy's graph, in the order the exchange runs the groups' collectives.
+_GRAPHS = {st.PARTITIONED: _PartitionedGraph(), st.ALLGATHER: _AllgatherGraph(), st.ALLREDUCE: _SummedAllreduceGraph(),
+           st.ARTOPK: _ArtopkGraph()}

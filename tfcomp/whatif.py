@@ -190,30 +190,17 @@ def _load_profile(path: str) -> tuple:
     return sizes, ready, times
 
 
-def _strategies(compressor) -> list:
-    """(name, strategy, tree) of the strategies this compressor can run."""
-    available = cm.available_strategies(compressor)
-    rows = [("dense_ring_allreduce", "dense", False)]
-    if "allgather" in available:
-        rows.append(("allgather", "allgather", False))
-    if "allreduce" in available:
-        rows.append(("allreduce", "allreduce", False))
-    if "artopk" in available:
-        rows += [("artopk_ring", "artopk", False), ("artopk_tree", "artopk", True)]
-    if "partitioned" in available:
-        rows.append(("partitioned", "partitioned", False))
-    return rows
-
-
 def predict(elements: int, compressor, cluster: cm.ClusterModel, compute_seconds: float = 0.0,
             tensors: int = 1) -> dict:
     """{"strategies": [{"name", "communication_s", "compression_s", "total_s", "runs_in_tfcomp"}]}
-    for one bucket of `tensors` gradients, `elements` float32, exchanged after `compute_seconds`."""
+    for one bucket of `tensors` gradients, `elements` float32, exchanged after `compute_seconds`,
+    with every strategy the compressor has (`Strategy.variants`: AR-Topk with ring and tree
+    reduction), priced by `Strategy.time` as the plan's search prices a bucket."""
     rows = []
-    for name, strategy, tree in _strategies(compressor):
-        t = cm.strategy_time(strategy, elements, compressor, cluster, tree=tree, tensors=tensors)
+    for name, strategy in (variant for s in compressor.strategies for variant in s.variants()):
+        t = strategy.time(elements, compressor, cluster, tensors=tensors)
         rows.append({"name": name, "communication_s": t.communication, "compression_s": t.compression,
-                     "total_s": compute_seconds + t.total, "runs_in_tfcomp": not tree})
+                     "total_s": compute_seconds + t.total, "runs_in_tfcomp": strategy.runs_in_tfcomp})
     return {"strategies": rows}
 
 
@@ -238,10 +225,10 @@ def _prediction(tensors: list, ready: list, compressor, cluster: cm.ClusterModel
                               ready_seconds=ready)
     # The plan's exchange ends this long after the start of the backward pass (its dense buckets overlap it).
     exchange_end = max(backward, planning.predicted_exchange_time(plan))
-    strategies = sorted({b.strategy for b in plan.buckets})
+    strategies = sorted({b.strategy.name for b in plan.buckets})
     result.update(
         horovod_total_s=forward + max(backward, horovod_finish),
-        plan={"buckets": [{"strategy": b.strategy, "elements": b.elements, "tensors": len(b.positions)}
+        plan={"buckets": [{"strategy": b.strategy.name, "elements": b.elements, "tensors": len(b.positions)}
                           for b in plan.buckets],
               "exchange_s": exchange_end - backward, "total_s": forward + exchange_end},
         choice=strategies[0] if len(strategies) == 1 else "mixed: " + "+".join(strategies))
@@ -253,7 +240,7 @@ def _compression_cluster(args, network: cm.Network, compressor, sizes: list) -> 
     """The cluster model and the sentence saying what its compression costs assume."""
     cluster = cm.ClusterModel(args.workers, network, network, cm.AffineCost(0.0, 0.0),
                               overlap_slowdown=args.overlap_slowdown)
-    if cm.available_strategies(compressor) == ("dense",):
+    if not any(s.compresses for s in compressor.strategies):
         return cluster, "compression: none (a dense compressor)"
     if args.measure_here:
         from tfcomp import calibration
