@@ -1011,3 +1011,24 @@ def test_making_a_barrier_leaves_tensorflow_unconfigured():
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=child_env(), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("waited"), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("name", ["DRAGONN", "TopK", "IntQuant"])
+def test_a_gradient_of_another_shape_than_its_variable_is_refused(rng, name, traced):
+    """A [2000] gradient for a [3000] variable (and a [40, 50] one for a [50, 40] variable, whose
+    elements agree) is refused with an error that names the variable and both shapes, before any
+    plan is made, eagerly and while a tf.function traces."""
+    for grad_shape, variable_shape in (((2000,), (3000,)), ((40, 50), (50, 40))):
+        exchange = tfcomp.GradientExchange(COMPRESSORS[name]())
+        fitting = tf.Variable(tf.zeros([1500]), name="fitting")
+        variable = tf.Variable(tf.zeros(variable_shape), name="misfit")
+        grads = [tf.constant(random_gradient(rng, (1500,), np.float32)),
+                 tf.constant(random_gradient(rng, grad_shape, np.float32))]
+        call = tf.function(lambda gs: exchange(gs, [fitting, variable])) if traced else (
+            lambda gs: exchange(gs, [fitting, variable]))
+        pattern = (rf"gradient 1 .*misfit.*shape {list(grad_shape)}.*"
+                   rf"{list(variable_shape)}").replace("[", r"\[").replace("]", r"\]")
+        with pytest.raises(ValueError, match=pattern):
+            call(grads)
+        assert exchange.plan is None

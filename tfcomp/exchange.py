@@ -143,6 +143,27 @@ def _name(source, position: int) -> str:
     return getattr(source, "name", None) or f"gradient_{position}"
 
 
+def _shape_checked(position: int, grad, source):
+    """`grad` where its shape is its source's; ValueError naming both where they differ statically
+    (at trace time). Where either shape is known only when the step runs, `grad` with an assertion
+    that they agree (tf.errors.InvalidArgumentError at run time)."""
+    source_shape = tf.TensorShape(getattr(source, "shape", None))
+    if isinstance(grad, tf.IndexedSlices):
+        grad_shape = tf.TensorShape(tf.get_static_value(grad.dense_shape))
+    else:
+        grad_shape = grad.shape
+    if not grad_shape.is_compatible_with(source_shape):
+        raise ValueError(f"gradient {position} (for {_name(source, position)}) has shape {grad_shape.as_list()}, but "
+                         f"its source has shape {source_shape.as_list()}: give each variable or watched tensor a "
+                         "gradient of its own shape")
+    if isinstance(grad, tf.IndexedSlices) or (grad_shape.is_fully_defined() and source_shape.is_fully_defined()):
+        return grad
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.shape(grad), tf.shape(source),
+            message=f"gradient {position} (for {_name(source, position)}) has another shape than its source")]):
+        return tf.identity(grad)
+
+
 def _source_key(source, position: int, grad):
     """What identifies a gradient's source across steps and traces: the variable itself, or, for
     a watched tensor (a new object every step), its position, shape and dtype in the list."""
@@ -308,7 +329,7 @@ class GradientExchange(tf.Module):
         if not self._collectives.included():
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
-        grads_in = [self._densify(grads[i], sources[i]) for i in present]
+        grads_in = [self._densify(_shape_checked(i, grads[i], sources[i]), sources[i]) for i in present]
         keys = [_source_key(sources[i], n, g) for n, (i, g) in enumerate(zip(present, grads_in))]
         names = [_name(sources[i], i) for i in present]
         with tf.variable_creator_scope(_not_recorded_by_tf_function):
