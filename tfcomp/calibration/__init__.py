@@ -51,10 +51,10 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
     order. The networks are always measured (a link's rate can change from job to job on the same
     hosts); the compression costs are taken from `cached` (rank 0's CompressionFigures from the
     cache; a placeholder on the other ranks, whose figures rank 0's replace) where it is complete,
-    or where its lower bounds already make the plan of `tensor_elements` all dense on this network;
-    otherwise measured. Where rank 0's lower bounds of the compression costs already make the
-    caller's `could_pay` (a callable: given the cluster with compression at those least costs,
-    whether compressing could pay on it; None: measure every cost) say no, those are the figures."""
+    or where its lower bounds cannot pay on this network; otherwise measured, and where the lower
+    bounds of the first probes cannot pay, those are the figures. Whether lower bounds could pay is
+    the caller's `could_pay` (a callable: given the cluster with compression at those least costs,
+    whether compressing could pay on it; None: measure every cost), rank 0's answer on every rank."""
     network = yield from measure_networks(process_set, max_elements)
     if available_strategies(compressor) == ("dense",):
         return network, None, False
