@@ -85,9 +85,9 @@ def _worker() -> None:
     rng = np.random.default_rng(hvd.rank())
     gradients = [tf.constant(rng.standard_normal(v.shape).astype(np.float32)) for v in variables]
     sizes = [int(v.shape.num_elements()) for v in reversed(variables)]
-    path = calibration._cache_path()
+    path = calibration.cache.cache_path()
     key = calibration.cache_key(compressor, hvd.global_process_set, sum(sizes), sizes)
-    cache_hit = bool(path and hvd.rank() == 0 and calibration._read_cache(path, key, hvd.size()))
+    cache_hit = bool(path and hvd.rank() == 0 and calibration.cache.read_cache(path, key, hvd.size()))
     exchange = tfcomp.GradientExchange(compressor)
     if FLAGS.mode == "between_steps":
         exchange.defer_calibration()

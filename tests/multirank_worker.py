@@ -283,7 +283,7 @@ def check_dropped_plan(report):
     sizes = [3000, 400, 50]
     compressor = tfcomp.DRAGONN(0.05, min_elements=256)
     exchange = tfcomp.GradientExchange(compressor)
-    exchange._planner.cluster = ClusterModel.unpriced(hvd.size())
+    exchange.controller.planner.cluster = ClusterModel.unpriced(hvd.size())
     variables = [tf.Variable(tf.zeros([n])) for n in sizes]
     sent_total, reduced_total = [np.zeros(n) for n in sizes], [np.zeros(n) for n in sizes]
 
@@ -296,12 +296,11 @@ def check_dropped_plan(report):
         return grads, reduced
 
     step()  # the planner's first plan
-    entry = exchange._plans[exchange._last_key]
+    entry = exchange.last_entry
     compressing = Plan((Bucket((0,), sizes[0], "allgather", StrategyTime(0.0, 0.0), 0.0),
                         Bucket((1, 2), sizes[1] + sizes[2], "dense", StrategyTime(0.0, 0.0), 0.0)),
                        entry.plan.names, compressor, entry.plan.cluster, sizes=dict(enumerate(sizes)))
-    entry = exchange._install(exchange._last_key, compressing, entry.tensors, entry.signature, entry.specs,
-                              entry.sources)
+    entry = exchange.install(compressing)
     clock = tf.Variable(0.0, dtype=tf.float64)
     entry.runtime.trial = exchange.trial = PlanTrial(1, clock=clock.read_value)
     for call in range(5):  # 2 steps with the plan, 2 dense, the choice at the fifth
@@ -318,7 +317,7 @@ def check_dropped_plan(report):
     report["dropped_plan/trial_step"] = [len(cases), len(branches)] + [
         sorted({node.op for node in branch.node_def} & touched) for branch in branches]
     report["dropped_plan/changed"] = exchange.replan()
-    entry = exchange._plans[exchange._last_key]
+    entry = exchange.last_entry
     report["dropped_plan/runtime"] = [entry.runtime.trial is None, entry.runtime.residuals_sent,
                                       len(entry.plan.compressed)]
 
@@ -338,18 +337,16 @@ def check_dropped_plan(report):
     plain_steps("dropped_plan")
     # The plan compressing again (no trial), then an all-dense plan installed over its residuals, as
     # a re-plan does: its first step sends them; `settle` then installs it again without the flush.
-    entry = exchange._install(exchange._last_key, compressing, entry.tensors, entry.signature, entry.specs,
-                              entry.sources)
+    entry = exchange.install(compressing)
     entry.runtime.trial = exchange.trial = None
     step()
     step()
-    entry = exchange._install(exchange._last_key, compressing.all_dense(), entry.tensors, entry.signature,
-                              entry.specs, entry.sources)
+    entry = exchange.install(compressing.all_dense())
     report["settled/before_flush"] = exchange.settle()  # its residuals not sent yet
     step()
     report["settled/before"] = [entry.runtime.residuals_sent, bool(entry.runtime.flush["plan"].numpy())]
     report["settled/changed"] = exchange.settle()
-    entry = exchange._plans[exchange._last_key]
+    entry = exchange.last_entry
     report["settled/runtime"] = [entry.runtime.trial is None, entry.runtime.residuals_sent, len(entry.plan.compressed)]
     plain_steps("settled")
     expected = [hvd_tf.allreduce(tf.constant(t), op=hvd_tf.Average).numpy() for t in sent_total]
@@ -438,7 +435,7 @@ def check_planning(report):
 
     original_measure = tfcomp.calibration._measure
     original_compression = tfcomp.calibration.compression_pieces
-    original_networks = tfcomp.calibration._measure_networks
+    original_networks = tfcomp.calibration.measure_networks
     measured, network_measured = [], []
 
     def counted(*args, **kwargs):
@@ -450,7 +447,7 @@ def check_planning(report):
         return (yield from original_networks(*args, **kwargs))
 
     tfcomp.calibration.compression_pieces = counted
-    tfcomp.calibration._measure_networks = counted_networks
+    tfcomp.calibration.measure_networks = counted_networks
     try:  # the second exchange with the same settings reuses rank 0's cached compression figures
         first, second = (tfcomp.GradientExchange(tfcomp.DRAGONN(0.04)) for _ in range(2))
         first(grads, variables)
@@ -458,7 +455,7 @@ def check_planning(report):
         report["plan/networks_measured_after_first"] = len(network_measured)
         if hvd.rank() == 0:  # complete figures, or lower bounds where the first stage ruled compression out
             backprop_sizes = [int(np.prod(s)) for s in reversed(shapes)]
-            entry = tfcomp.calibration._read_cache(tfcomp.calibration._cache_path(), tfcomp.calibration.cache_key(
+            entry = tfcomp.calibration.cache.read_cache(tfcomp.calibration.cache.cache_path(), tfcomp.calibration.cache_key(
                 tfcomp.DRAGONN(0.04), hvd.global_process_set, sum(backprop_sizes), backprop_sizes))
             report["plan/first_entry_cached"] = entry is not None
             report["plan/first_entry_complete"] = entry is not None and entry[1]
@@ -470,7 +467,7 @@ def check_planning(report):
             == tfcomp.calibration.CompressionFigures.of(second.plan.cluster))
     finally:
         tfcomp.calibration.compression_pieces = original_compression
-        tfcomp.calibration._measure_networks = original_networks
+        tfcomp.calibration.measure_networks = original_networks
 
     # No cache: the next two exchanges measure their own figures.
     original_cache = os.environ.get(tfcomp.calibration.CACHE_ENV)
@@ -510,7 +507,7 @@ def check_planning(report):
     own = tfcomp.calibration.CompressionFigures(
         tfcomp.cost_model.AffineCost(*own_costs[:2]), *own_costs[2:5], fitted=hvd.rank() == 0, complete=True,
         partitioned_per_slot=own_costs[5], artopk_per_slot=own_costs[6])
-    agreed = tfcomp.calibration._median_over_ranks(own, hvd.global_process_set)
+    agreed = tfcomp.calibration.compression._median_over_ranks(own, hvd.global_process_set)
     report["plan/own_costs"] = own_costs.tolist()
     report["plan/agreed_costs"] = [agreed.encode_decode.c0, agreed.encode_decode.c1, agreed.per_tensor,
                                    agreed.merge_per_element, agreed.fixed, agreed.partitioned_per_slot,
@@ -648,7 +645,7 @@ def check_replan(report):
             model.make_train_function(force=True)
     # Where the trial dropped the plan (stood in for here, so that nothing hangs on timings), a late
     # exchange is reported and not re-planned: the trial measured that compressing loses.
-    exchange._plan_dropped = lambda: True
+    remembered, exchange.controller._compression_dropped = exchange.controller._compression_dropped, True
     digest = str(exchange.plan.digest())
     exchange.timeline.ready.assign(np.tile(ready, [exchange.timeline.window, 1]))
     exchange.timeline.ends.assign(np.full([exchange.timeline.window, exchange.timeline.buckets], 10.0))
@@ -656,7 +653,7 @@ def check_replan(report):
     result = exchange.check_prediction()
     report["predict/dropped"] = [result["departure"] > 0.25, result["replanned"], result["changed"],
                                  str(exchange.plan.digest()) == digest]
-    del exchange._plan_dropped
+    exchange.controller._compression_dropped = remembered
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     report["spread/prediction checked"] = weights_spread(model)
 

@@ -23,27 +23,27 @@ def test_network_fit_recovers_latency_and_bandwidth(rng, workers):
     net = cm.Network(latency, bandwidth)
     size = 4.0 * 2**22
     tiny, large = cm.ring_allreduce(4, workers, net), cm.ring_allreduce(size, workers, net)
-    fitted = calibration._fit_network(tiny, large, size, 2 * (workers - 1), 1.0 / workers)
+    fitted = calibration.network._fit_network(tiny, large, size, 2 * (workers - 1), 1.0 / workers)
     assert fitted.latency == pytest.approx(latency, rel=1e-3)
     assert fitted.bandwidth == pytest.approx(bandwidth, rel=1e-3)
     tiny, large = cm.ring_allgather(4, workers, net), cm.ring_allgather(size, workers, net)
-    fitted = calibration._fit_network(tiny, large, size, workers - 1, 1.0)
+    fitted = calibration.network._fit_network(tiny, large, size, workers - 1, 1.0)
     assert fitted.bandwidth == pytest.approx(bandwidth, rel=1e-3)
 
 
 def test_network_fit_is_not_fooled_by_a_slow_tiny_collective():
     # Noise made the tiny allreduce take 9 ms and the large one 10 ms: half of it counts as transfer.
-    fitted = calibration._fit_network(0.009, 0.010, 4e6, 2, 0.5)
+    fitted = calibration.network._fit_network(0.009, 0.010, 4e6, 2, 0.5)
     assert fitted.bandwidth == pytest.approx(2 * 0.5 * 4e6 / 0.005)
     # ... or longer than the large one: half of the tiny one's time counts as transfer.
-    fitted = calibration._fit_network(0.012, 0.010, 4e6, 2, 0.5)
+    fitted = calibration.network._fit_network(0.012, 0.010, 4e6, 2, 0.5)
     assert fitted.latency == pytest.approx(0.006) and fitted.bandwidth == pytest.approx(2 * 0.5 * 4e6 / 0.006)
 
 
 @pytest.mark.parametrize("tiny, large", [(-1e-5, -2e-5), (0.0, 0.0), (-1e-4, 3e-3), (2e-3, -1e-4)])
 def test_network_fit_of_figures_made_negative_by_noise_is_a_valid_network(tiny, large):
     """Per-tensor costs are subtracted from the measured times; noise can leave them negative."""
-    fitted = calibration._fit_network(tiny, large, 4e6, 2, 0.5)
+    fitted = calibration.network._fit_network(tiny, large, 4e6, 2, 0.5)
     assert fitted.latency >= 0 and np.isfinite(fitted.bandwidth) and fitted.bandwidth > 0
 
 
@@ -102,7 +102,7 @@ def test_a_block_far_from_the_others_is_left_out_and_the_rest_pooled_in_round_or
     blocks = [{"a": rng.uniform(1.0, 1.1, 5), "b": rng.uniform(2.0, 2.2, 5)} for _ in range(3)]
     odd = int(rng.integers(3))
     blocks[odd] = {name: v * spell for name, v in blocks[odd].items()}
-    pooled = calibration._pool_without_outlier(blocks)
+    pooled = calibration.timing._pool_without_outlier(blocks)
     others = [b for i, b in enumerate(blocks) if i != odd]
     assert set(pooled) == {"a", "b"} and len(pooled["a"]) == 10
     for name in pooled:  # the kept blocks' rounds, each block's in order (pairs stay pairs)
@@ -110,7 +110,7 @@ def test_a_block_far_from_the_others_is_left_out_and_the_rest_pooled_in_round_or
         halves = (list(pooled[name][:5]), list(pooled[name][5:]))
         assert all(list(b[name]) in halves for b in others)
     alike = [{"a": np.full(3, x)} for x in (1.0, 1.5, 3.0)]
-    assert sorted(calibration._pool_without_outlier(alike)["a"]) == [1.0] * 3 + [1.5] * 3
+    assert sorted(calibration.timing._pool_without_outlier(alike)["a"]) == [1.0] * 3 + [1.5] * 3
 
 
 @pytest.mark.parametrize("tensor_elements", [(), (4096, 64) * 20], ids=["unknown tensors", "own merge probe"])
@@ -133,14 +133,14 @@ def test_lower_bounds_from_the_smallest_and_largest_probe(rng):
     small, largest = 2**12, 2**20
     fixed, slope = float(rng.uniform(1e-3, 3e-3)), float(rng.uniform(2e-9, 9e-9))
     times = {n: fixed + slope * n + rng.uniform(-1e-6, 1e-6, 9) for n in (small, largest)}
-    lower = calibration._lower_bound_figures(times, small, largest)
+    lower = calibration.compression._lower_bound_figures(times, small, largest)
     assert lower.encode_decode.c1 == pytest.approx(slope, rel=0.01)
     assert lower.fixed == pytest.approx(fixed, rel=0.01)
     assert (lower.encode_decode.c0, lower.per_tensor, lower.merge_per_element) == (0.0, 0.0, 0.0)
     assert lower.fitted and not lower.complete
     # Times that do not grow with the size: not fitted (calibration then measures every probe).
     flat = {small: times[largest], largest: times[small]}
-    assert not calibration._lower_bound_figures(flat, small, largest).fitted
+    assert not calibration.compression._lower_bound_figures(flat, small, largest).fitted
 
 
 def _pieces_and_value(pieces) -> tuple:
@@ -159,7 +159,7 @@ def test_timed_blocks_come_in_pieces_of_first_calls_and_rounds():
     first = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
     second = {"c": lambda: calls.append("c")}
     count, times = _pieces_and_value(
-        calibration._without_outlying_block([(first, 2), (second, 3)], synchronise=None, warmup=2, blocks=3))
+        calibration.timing.without_outlying_block([(first, 2), (second, 3)], synchronise=None, warmup=2, blocks=3))
     assert count == 3 + 3 * (2 + 3)  # a piece per run's untimed calls, then one per round of a set's block
     assert calls[:6] == ["a", "a", "b", "b", "c", "c"]
     assert calls[6:10] == ["a", "b", "a", "b"] and calls[10:13] == ["c"] * 3  # a block of each set in turn
@@ -170,7 +170,7 @@ def test_compression_measured_in_pieces_gives_complete_figures():
     compressor = tfcomp.DRAGONN(0.01)
     count, figures = _pieces_and_value(calibration.compression_pieces(compressor, 2, 2**16))
     probes = 8  # 2^12, 2^16, 2^20 (the largest, and the merge probe's total), buckets, many, merged, partitioned, artopk
-    assert count >= 2 * probes + 3 * calibration._SHORT_PROBE_ROUNDS  # each made, called first, then rounds
+    assert count >= 2 * probes + 3 * calibration.compression._SHORT_PROBE_ROUNDS  # each made, called first, then rounds
     assert figures.complete and figures.encode_decode.c1 > 0.0
 
 
@@ -182,7 +182,7 @@ def test_calibration_pieces_check_their_arguments_before_any_piece():
 @pytest.mark.parametrize("answer", [False, True], ids=["cannot pay: stops", "could pay: measures all"])
 def test_compression_measured_in_two_stages(monkeypatch, answer):
     timed, asked = [], []
-    measure = calibration._without_outlying_block
+    measure = calibration.timing.without_outlying_block
 
     def recording(sets, synchronise, **kwargs):
         timed.append(sorted(str(name) for runs, _ in sets for name in runs))
@@ -192,9 +192,9 @@ def test_compression_measured_in_two_stages(monkeypatch, answer):
         asked.append(lower)
         return answer
 
-    monkeypatch.setattr(calibration, "_without_outlying_block", recording)
+    monkeypatch.setattr(calibration.compression, "without_outlying_block", recording)
     figures = calibration.measure_compression(tfcomp.DRAGONN(0.01), 2, 2**16, could_pay=could_pay)
-    largest = calibration._largest_compression_probe(2**16)
+    largest = calibration.compression.largest_compression_probe(2**16)
     assert timed[0] == sorted([str(2**12), str(largest)]) and len(asked) == 1 and not asked[0].complete
     if answer:
         assert len(timed) == 2 and {"buckets", "many", "merged"} <= set(timed[1]) and figures.complete
@@ -206,8 +206,8 @@ def test_probes_compress_with_the_costs_settings_only(monkeypatch):
     """A compressor with warm-up steps is timed compressing (its warm-up would send the probes
     dense), whatever its planning settings; the compressor itself is left as it was."""
     probed = []
-    original = calibration._exchange_probe
-    monkeypatch.setattr(calibration, "_exchange_probe",
+    original = calibration.compression._exchange_probe
+    monkeypatch.setattr(calibration.compression, "_exchange_probe",
                         lambda compressor, *args: probed.append(compressor) or original(compressor, *args))
     compressor = tfcomp.DGC(0.01, warmup_steps=10**6, strategy="allgather", min_elements=2**20, momentum=0.9)
     calibration.measure_compression(compressor, 2, 2**16)
@@ -217,7 +217,7 @@ def test_probes_compress_with_the_costs_settings_only(monkeypatch):
     assert (compressor.warmup_steps, compressor.strategy, compressor.min_elements) == (10**6, "allgather", 2**20)
 
 
-MERGED_FALLBACK = calibration._merge_probe(2**20)  # 2^20 elements as 8 tensors
+MERGED_FALLBACK = calibration.compression.merge_probe(2**20)  # 2^20 elements as 8 tensors
 
 
 SLOTS = 2**20 // 100  # the largest probe's payload slots (DRAGONN 0.01)
@@ -228,7 +228,7 @@ def probe_times(rng, seconds_of_size, merged=MERGED_FALLBACK, merged_extra=0.0, 
     (each `seconds_of_size` of its elements, +-2 %), with the merge probe of tensors `merged`
     taking `merged_extra` seconds more than one tensor of their total."""
     sizes = sorted({2**12, 2**16, 2**20, sum(merged)})
-    elements = {**{n: n for n in sizes}, "buckets": calibration._BUCKETS_PROBE_BUCKETS * 2**12, "many": 2**16,
+    elements = {**{n: n for n in sizes}, "buckets": calibration.compression._BUCKETS_PROBE_BUCKETS * 2**12, "many": 2**16,
                 "merged": sum(merged)}
     times = {name: seconds_of_size(n) * rng.uniform(0.98, 1.02, rounds) for name, n in elements.items()}
     times["merged"] = times[sum(merged)] + merged_extra
@@ -239,26 +239,26 @@ def test_whole_times_that_do_not_grow_with_size_still_price_every_element(rng):
     # A machine so loaded that every probe took about 23 ms whatever its size (seen in CI; here
     # the larger ones a little less, so that the fitted slope is 0).
     sizes, times = probe_times(rng, lambda n: 0.024 - 1e-9 * n)
-    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
+    figures = calibration.compression._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
     largest = float(np.median(times[2**20]))
     assert figures.encode_decode.c1 == pytest.approx(largest / 2**20) and not figures.fitted
     assert figures.encode_decode(2**20) + figures.fixed >= largest  # an upper bound
     # Times that do grow keep their fitted slope.
     sizes, times = probe_times(rng, lambda n: 0.002 + 1e-8 * n)
-    grown = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
+    grown = calibration.compression._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
     assert grown.encode_decode.c1 == pytest.approx(1e-8, rel=0.1) and grown.fitted
 
 
 def test_merge_probe_is_the_gradients_own_tensors_where_they_fit():
     own = [16384, 128] * 41  # many_small of benchmarks/network_worker.py: 82 tensors
-    assert calibration._merge_probe(2**20, own) == tuple(own)
-    assert calibration._merge_probe(2**20, np.array(own, dtype=np.int64)) == tuple(own)
+    assert calibration.compression.merge_probe(2**20, own) == tuple(own)
+    assert calibration.compression.merge_probe(2**20, np.array(own, dtype=np.int64)) == tuple(own)
     # One tensor, more than 512, fewer than 2^16 or more than 2^22 elements, an empty one: the
     # largest size in 8.
     for other in ([], [2**20], [128] * 513, [1000] * 60, [2**20] * 5, [0, 70000, 70000]):
-        assert calibration._merge_probe(2**20, other) == MERGED_FALLBACK
+        assert calibration.compression.merge_probe(2**20, other) == MERGED_FALLBACK
     assert len(MERGED_FALLBACK) == 8 and sum(MERGED_FALLBACK) == 2**20
-    assert sum(calibration._merge_probe(2**22 - 8)) == 2**22 - 8
+    assert sum(calibration.compression.merge_probe(2**22 - 8)) == 2**22 - 8
 
 
 @pytest.mark.parametrize("tensors", [[16384, 128] * 41, [50000, 70000, 30000]])
@@ -267,9 +267,9 @@ def test_merge_cost_is_what_the_own_bucket_adds_beyond_its_per_tensor_costs(rng,
     total = sum(tensors)
     extra = (len(tensors) - 1) * per_tensor + merge * total
     sizes, times = probe_times(rng, lambda n: 0.001 + 1e-8 * n, tuple(tensors), extra)
-    tensors_in_probe = calibration._PER_TENSOR_PROBE_TENSORS  # the per-tensor probe: that many tensors against one
+    tensors_in_probe = calibration.compression._PER_TENSOR_PROBE_TENSORS  # the per-tensor probe: that many tensors against one
     times["many"] = times[2**16] + (tensors_in_probe - 1) * per_tensor
-    figures = calibration._compression_figures(times, sizes, 2**20, tuple(tensors), slots=SLOTS)
+    figures = calibration.compression._compression_figures(times, sizes, 2**20, tuple(tensors), slots=SLOTS)
     assert figures.per_tensor == pytest.approx(per_tensor)
     assert figures.merge_per_element == pytest.approx(merge)
 
@@ -279,15 +279,15 @@ def test_other_strategies_are_priced_per_slot_by_what_they_add_to_the_allgathers
     allgather's at the largest size, per payload slot; signed (a strategy may save work); 0
     where they were not probed (compressors without them)."""
     sizes, times = probe_times(rng, lambda n: 0.001 + 1e-8 * n)
-    assert calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK,
+    assert calibration.compression._compression_figures(times, sizes, 2**20, MERGED_FALLBACK,
                                             slots=SLOTS)[-2:] == (0.0, 0.0)
     added, saved = float(rng.uniform(1e-4, 1e-2)), float(rng.uniform(1e-4, 1e-3))
     times["partitioned"] = times[2**20] + added * rng.uniform(0.9, 1.1, times[2**20].size)
     times["artopk"] = times[2**20] - saved
-    figures = calibration._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
+    figures = calibration.compression._compression_figures(times, sizes, 2**20, MERGED_FALLBACK, slots=SLOTS)
     assert figures.partitioned_per_slot == pytest.approx(added / SLOTS, rel=0.1)
     assert figures.artopk_per_slot == pytest.approx(-saved / SLOTS)
-    model = figures.apply(calibration.ClusterModel.unpriced(4))
+    model = figures.apply(cm.ClusterModel.unpriced(4))
     assert (model.partitioned_per_slot, model.artopk_per_slot) == (figures.partitioned_per_slot, figures.artopk_per_slot)
     assert calibration.CompressionFigures.of(model) == figures
 
@@ -313,14 +313,14 @@ def test_bad_calibration_arguments_name_the_argument(kwargs, message):
 
 
 def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
-    path = str(tmp_path / "sub" / "calibration.json")
+    path = str(tmp_path / "sub" / "calibration.cache.json")
     model = cm.ClusterModel(4, cm.Network(1e-4, 1e9), cm.Network(2e-4, 2e9), cm.AffineCost(1e-4, 3e-9))
-    calibration._write_cache(path, "key-a", model)
-    calibration._write_cache(path, "key-b", cm.ClusterModel(2, model.allreduce, model.allgather, model.encode_decode),
+    calibration.cache.write_cache(path, "key-a", model)
+    calibration.cache.write_cache(path, "key-b", cm.ClusterModel(2, model.allreduce, model.allgather, model.encode_decode),
                              complete=False)
-    assert calibration._read_cache(path, "key-b")[1] is False
-    assert calibration._read_cache(path, "key-a") == (model, True)
-    assert calibration._read_cache(path, "key-c") is None
+    assert calibration.cache.read_cache(path, "key-b")[1] is False
+    assert calibration.cache.read_cache(path, "key-a") == (model, True)
+    assert calibration.cache.read_cache(path, "key-c") is None
     ps = global_process_set()
 
     def key(elements, ratio=0.01):
@@ -352,9 +352,9 @@ def test_cache_round_trip_and_keys(tmp_path, monkeypatch):
     monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC")
     assert calibration.cpu_allocator() == "malloc" and key(2**20) != with_bfc
     monkeypatch.setenv(calibration.CACHE_ENV, "none")
-    assert calibration._cache_path() is None
+    assert calibration.cache.cache_path() is None
     monkeypatch.setenv(calibration.CACHE_ENV, path)
-    assert calibration._cache_path() == path
+    assert calibration.cache.cache_path() == path
 
 
 def random_model(rng, workers=2):
@@ -365,7 +365,7 @@ def random_model(rng, workers=2):
 
 
 def cache_file(entries):
-    return json.dumps({"format": calibration._CACHE_FORMAT, "version": calibration._CACHE_VERSION, "entries": entries})
+    return json.dumps({"format": calibration.cache._CACHE_FORMAT, "version": calibration.cache._CACHE_VERSION, "entries": entries})
 
 
 def entry_of(figures):
@@ -394,9 +394,9 @@ BAD_FILES = {
     "nested too deep": "[" * 100_000,
     "old flat format": json.dumps({"key": entry_of(GOOD)}),
     "another format": json.dumps({"format": "something else", "version": 2, "entries": {}}),
-    "another version": json.dumps({"format": calibration._CACHE_FORMAT, "version": 99, "entries": {}}),
-    "version true": json.dumps({"format": calibration._CACHE_FORMAT, "version": True, "entries": {}}),
-    "entries an array": json.dumps({"format": calibration._CACHE_FORMAT, "version": 2, "entries": [1, 2]}),
+    "another version": json.dumps({"format": calibration.cache._CACHE_FORMAT, "version": 99, "entries": {}}),
+    "version true": json.dumps({"format": calibration.cache._CACHE_FORMAT, "version": True, "entries": {}}),
+    "entries an array": json.dumps({"format": calibration.cache._CACHE_FORMAT, "version": 2, "entries": [1, 2]}),
 }
 # ... and files whose entry for the key is unusable (the entry is replaced, the file kept).
 BAD_ENTRIES = {
@@ -423,65 +423,65 @@ BAD_ENTRIES = {
 @pytest.mark.parametrize("content", list(BAD_FILES.values()) + list(BAD_ENTRIES.values()),
                          ids=list(BAD_FILES) + list(BAD_ENTRIES))
 def test_an_unusable_cache_is_reported_in_one_line_ignored_and_rewritten(rng, tmp_path, caplog, content):
-    path = tmp_path / "calibration.json"
+    path = tmp_path / "calibration.cache.json"
     path.write_bytes(content.encode("utf-8", "surrogateescape") if "\x00" not in content else b"\x00\xff\xfe{")
     old = path.read_bytes()
-    assert calibration._read_cache(str(path), "key", workers=2) is None
+    assert calibration.cache.read_cache(str(path), "key", workers=2) is None
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "\n" not in messages[0], messages
     assert messages[0].startswith(f"tfcomp: calibration cache {path}: ") and "measuring again" in messages[0], messages
     caplog.clear()
     model = random_model(rng)
-    calibration._write_cache(str(path), "key", model)
-    assert calibration._read_cache(str(path), "key", workers=2) == (model, True)
+    calibration.cache.write_cache(str(path), "key", model)
+    assert calibration.cache.read_cache(str(path), "key", workers=2) == (model, True)
     assert caplog.text == ""
     whole_file = content in BAD_FILES.values()
     assert os.path.exists(f"{path}.bad") == whole_file
     if whole_file:
         assert open(f"{path}.bad", "rb").read() == old  # nothing lost
-    assert sorted(os.listdir(tmp_path)) == sorted(["calibration.json"] + (["calibration.json.bad"] if whole_file else []))
+    assert sorted(os.listdir(tmp_path)) == sorted(["calibration.cache.json"] + (["calibration.cache.json.bad"] if whole_file else []))
 
 
 def test_absurd_figures_are_named_in_the_report(tmp_path, caplog):
-    path = tmp_path / "calibration.json"
+    path = tmp_path / "calibration.cache.json"
     path.write_text(BAD_ENTRIES["1e308 latency"])
-    assert calibration._read_cache(str(path), "key", workers=2) is None
+    assert calibration.cache.read_cache(str(path), "key", workers=2) is None
     assert "entry key: ClusterModel.allgather.latency must be a finite number of seconds in [0, 3600], got 1e+308" in (
         caplog.text)
     path.write_text(BAD_ENTRIES["wrong worker count"])
-    assert calibration._read_cache(str(path), "key", workers=2) is None
+    assert calibration.cache.read_cache(str(path), "key", workers=2) is None
     assert "entry key: has figures for 3 workers, this job has 2" in caplog.text
     path.write_text(BAD_FILES["array"])
-    assert calibration._read_cache(str(path), "key", workers=2) is None
+    assert calibration.cache.read_cache(str(path), "key", workers=2) is None
     assert "holds a JSON array, not a cache object" in caplog.text
 
 
 def test_a_missing_file_or_key_is_silent(tmp_path, caplog, rng):
-    path = str(tmp_path / "calibration.json")
-    assert calibration._read_cache(path, "key", workers=2) is None
-    calibration._write_cache(path, "other", random_model(rng))
-    assert calibration._read_cache(path, "key", workers=2) is None
+    path = str(tmp_path / "calibration.cache.json")
+    assert calibration.cache.read_cache(path, "key", workers=2) is None
+    calibration.cache.write_cache(path, "other", random_model(rng))
+    assert calibration.cache.read_cache(path, "key", workers=2) is None
     assert caplog.text == ""
 
 
 def test_rewriting_keeps_the_other_usable_entries_and_drops_unusable_ones(tmp_path, rng):
-    path = tmp_path / "calibration.json"
+    path = tmp_path / "calibration.cache.json"
     kept, ours = random_model(rng, workers=4), random_model(rng)
     path.write_text(cache_file({"kept": entry_of(kept.to_list()), "nan": entry_of([float("nan")] * 11),
                                 "string": "x", "key": entry_of([0.0] * 11)}))
-    calibration._write_cache(str(path), "key", ours)
+    calibration.cache.write_cache(str(path), "key", ours)
     content = json.loads(path.read_text())
     assert set(content["entries"]) == {"kept", "key"}
-    assert calibration._read_cache(str(path), "kept", workers=4) == (kept, False)  # written without "complete"
-    assert calibration._read_cache(str(path), "key", workers=2) == (ours, True)
+    assert calibration.cache.read_cache(str(path), "kept", workers=4) == (kept, False)  # written without "complete"
+    assert calibration.cache.read_cache(str(path), "key", workers=2) == (ours, True)
 
 
 def test_a_write_interrupted_halfway_leaves_the_old_file(tmp_path, rng, monkeypatch):
     """The new file is written beside the old one and renamed over it: a job killed while writing
     (here: interrupted in the middle of json.dump) leaves the old cache whole, and no temporary."""
-    path = str(tmp_path / "calibration.json")
+    path = str(tmp_path / "calibration.cache.json")
     old = random_model(rng)
-    calibration._write_cache(path, "key", old)
+    calibration.cache.write_cache(path, "key", old)
     before = open(path, "rb").read()
 
     def half_a_dump(content, f, **kwargs):
@@ -490,19 +490,19 @@ def test_a_write_interrupted_halfway_leaves_the_old_file(tmp_path, rng, monkeypa
         f.flush()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(calibration.json, "dump", half_a_dump)
+    monkeypatch.setattr(calibration.cache.json, "dump", half_a_dump)
     with pytest.raises(KeyboardInterrupt):
-        calibration._write_cache(path, "key", random_model(rng))
+        calibration.cache.write_cache(path, "key", random_model(rng))
     assert open(path, "rb").read() == before
-    assert calibration._read_cache(path, "key", workers=2) == (old, True)
-    assert os.listdir(tmp_path) == ["calibration.json"]
+    assert calibration.cache.read_cache(path, "key", workers=2) == (old, True)
+    assert os.listdir(tmp_path) == ["calibration.cache.json"]
 
 
 def test_a_cache_that_cannot_be_written_is_reported_not_raised(tmp_path, rng, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    path = str(blocker / "calibration.json")  # a directory that is a file
-    calibration._write_cache(path, "key", random_model(rng))
+    path = str(blocker / "calibration.cache.json")  # a directory that is a file
+    calibration.cache.write_cache(path, "key", random_model(rng))
     assert f"tfcomp: calibration cache {path}: could not be written" in caplog.text
 
 
@@ -524,7 +524,7 @@ def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, 
     measured = random_model(rng)
     calls = []
 
-    def fake_measure(compressor, process_set, max_elements, tensor_elements, cached):
+    def fake_measure(compressor, process_set, max_elements, tensor_elements, cached, could_pay):
         """The network always measured; the compression figures measured only without `cached`
         (one piece of calibration)."""
         calls.append(cached)
@@ -534,9 +534,9 @@ def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, 
         return cached.apply(measured), cached, False
 
     monkeypatch.setattr(calibration, "_measure", fake_measure)
-    monkeypatch.setattr(calibration, "_rank0_value", lambda value, process_set: value)
-    monkeypatch.setattr(calibration.hvd, "broadcast", lambda tensor, root, **kwargs: tensor)
-    path = tmp_path / "calibration.json"
+    # Rank 0's decisions and figures, "broadcast" to itself.
+    monkeypatch.setattr(calibration, "broadcast_floats", lambda values, *args, **kwargs: np.asarray(values, np.float64))
+    path = tmp_path / "calibration.cache.json"
     monkeypatch.setenv(calibration.CACHE_ENV, str(path))
     compressor, process_set = tfcomp.DRAGONN(0.01), _TwoWorkers()
     key = calibration.cache_key(compressor, process_set, 2**20)
@@ -550,19 +550,19 @@ def test_calibrate_measures_again_and_rewrites_an_unusable_cache(tmp_path, rng, 
 
 
 def test_ready_times_are_cached_per_model_beside_the_figures(tmp_path, monkeypatch, rng, caplog):
-    path = tmp_path / "calibration.json"
+    path = tmp_path / "calibration.cache.json"
     monkeypatch.setenv(calibration.CACHE_ENV, str(path))
     ps = global_process_set()
     sizes = [int(n) for n in rng.integers(1, 2**20, size=int(rng.integers(2, 12)))]
     ready = sorted(float(t) for t in rng.uniform(0.0, 0.3, size=len(sizes)))
     assert calibration.cached_ready_times(ps, sizes) is None  # no file yet
     model = random_model(rng)
-    calibration._write_cache(str(path), "figures", model)
+    calibration.cache.write_cache(str(path), "figures", model)
     calibration.store_ready_times(ps, sizes, ready)
-    calibration._write_cache(str(path), "more figures", model)  # rewriting the figures keeps the times
+    calibration.cache.write_cache(str(path), "more figures", model)  # rewriting the figures keeps the times
     assert calibration.cached_ready_times(ps, sizes) == ready
     assert calibration.cached_ready_times(ps, sizes[:-1] + [sizes[-1] + 1]) is None  # another model
-    assert calibration._read_cache(str(path), "figures") == (model, True)
+    assert calibration.cache.read_cache(str(path), "figures") == (model, True)
     with pytest.raises(ValueError, match=r"has \d+ ready times for \d+ gradients"):
         calibration.store_ready_times(ps, sizes, ready[:-1])
     with pytest.raises(ValueError, match="is not an object with a list of ready times in seconds"):
@@ -578,3 +578,43 @@ def test_ready_times_are_cached_per_model_beside_the_figures(tmp_path, monkeypat
     assert calibration.cached_ready_times(ps, sizes) == ready
     monkeypatch.setenv(calibration.CACHE_ENV, "none")
     assert calibration.cached_ready_times(ps, sizes) is None
+
+
+def test_the_stop_early_rule_asks_for_a_clear_gain_only_of_a_compressor_tried_in_training(rng):
+    """planning.compression_could_pay: on networks from 10 Mbit/s to 100 Gbit/s, compression at
+    least costs could pay where the plan compresses; a compressor tried in training also needs
+    the plan predicted CLEAR_GAIN times faster than dense (the gain is its all-dense time over its
+    own, from tfcomp.planning's prices)."""
+    tensors = [(p, f"t{p}", int(n)) for p, n in reversed(list(enumerate(rng.integers(2**16, 2**20, size=6))))]
+    least = cm.AffineCost(0.0, float(rng.uniform(1e-9, 4e-9)))
+    tried, untried = tfcomp.DRAGONN(0.01), tfcomp.DRAGONN(0.01, trial_steps=0)
+    assert tried.tried_steps > 0 and untried.tried_steps == 0
+    seen = set()
+    for bandwidth in np.logspace(np.log10(10e6 / 8), np.log10(100e9 / 8), 160):
+        network = cm.Network(1e-4, float(bandwidth))
+        cluster = cm.ClusterModel(4, network, network, least)
+        plan = planning.make_plan(tensors, tried, cluster)
+        gain = planning.all_dense_time(plan) / planning.predicted_exchange_time(plan)
+        kind = "dense" if not plan.compressed else ("clear" if gain >= planning.CLEAR_GAIN else "small")
+        seen.add(kind)
+        assert planning.compression_could_pay(tensors, untried, cluster) == bool(plan.compressed), bandwidth
+        assert planning.compression_could_pay(tensors, tried, cluster) == (kind == "clear"), bandwidth
+    assert seen == {"dense", "small", "clear"}
+
+
+def test_the_planner_hands_its_stop_early_rule_to_calibration(monkeypatch):
+    """Planner.recalibrate gives calibration `planning.compression_could_pay` of its tensors and
+    compressor; calibration itself holds no planning rule (without one it measures every cost)."""
+    from tfcomp.planner import Planner
+
+    given = []
+    monkeypatch.setattr(calibration, "calibrate", lambda *args, **kwargs: given.append(kwargs) or "figures")
+    compressor = tfcomp.DRAGONN(0.01)
+    tensors = [(1, "b", 5000), (0, "a", 3000)]
+    assert Planner(compressor, global_process_set(), {}).recalibrate(tensors) == "figures"
+    rule = given[0]["could_pay"]
+    network = cm.Network(1e-4, 10e6 / 8)
+    cluster = cm.ClusterModel(4, network, network, cm.AffineCost(0.0, 1e-9))
+    assert rule.func is planning.compression_could_pay and rule.args == (tensors, compressor)
+    assert rule(cluster) == planning.compression_could_pay(tensors, compressor, cluster)
+    assert given[0]["tensor_elements"] == [5000, 3000] and given[0]["max_elements"] == 8000

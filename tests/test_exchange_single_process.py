@@ -5,8 +5,6 @@ With one worker the reduced gradient of a compressed tensor is exactly what this
 feedback must conserve every element's mass: reduced + new residual == gradient + old residual.
 """
 
-import dataclasses
-import functools
 import math
 import sys
 
@@ -886,36 +884,6 @@ def test_cpu_allocator_advice(monkeypatch, setting, tensor_elements, bucket_elem
         assert advice is None
 
 
-def test_a_second_calibration_is_spent_only_where_a_network_could_change_the_plan():
-    """check_prediction calibrates again only where the network that alone would explain the measured
-    exchange makes a different kind of plan: for an all-dense plan measured a little late (a loaded
-    CPU) it does not; measured 50x late (the network far slower than calibrated) it does; a plan
-    that compresses may always turn dense."""
-    from types import SimpleNamespace
-
-    from tfcomp import cost_model as cm
-    from tfcomp import planning
-    from tfcomp.exchange import GradientExchange
-
-    compressor = tfcomp.DRAGONN(0.01)
-    network = cm.Network(1e-4, 10e9 / 8)
-    cluster = cm.ClusterModel(4, network, network, cm.AffineCost(3e-4, 4e-9))
-    tensors = [(i, f"t{i}", 2**20) for i in reversed(range(4))]
-    ready = [0.0, 0.01, 0.02, 0.03]
-    dense = planning.make_plan(tensors, compressor, cluster, ready_seconds=ready)
-    assert not dense.compressed  # 10 Gbit/s: dense wins
-    predicted = planning.predicted_exchange_time(dense)
-    exchange, entry = SimpleNamespace(compressor=compressor), SimpleNamespace(tensors=tensors)
-    could_change = functools.partial(GradientExchange._network_could_change_the_plan, exchange, entry)
-    assert could_change(dense, ready, 1.3 * predicted) is False
-    assert could_change(dense, ready, 0.5 * predicted) is False
-    assert could_change(dense, ready, 50.0 * predicted) is True
-    slow = dataclasses.replace(cluster, allreduce=cm.Network(1e-4, 0.1e9 / 8), allgather=cm.Network(1e-4, 0.1e9 / 8))
-    compressing = planning.make_plan(tensors, compressor, slow, ready_seconds=ready)
-    assert compressing.compressed
-    assert could_change(compressing, ready, planning.predicted_exchange_time(compressing)) is True
-
-
 def test_replan_names_a_bad_min_gain():
     exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.01))
     for bad in (-0.1, 1.0, float("nan")):
@@ -1011,3 +979,24 @@ def test_making_a_barrier_leaves_tensorflow_unconfigured():
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=child_env(), capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("waited"), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+@pytest.mark.parametrize("name", ["DRAGONN", "TopK", "IntQuant"])
+def test_a_gradient_of_another_shape_than_its_variable_is_refused(rng, name, traced):
+    """A [2000] gradient for a [3000] variable (and a [40, 50] one for a [50, 40] variable, whose
+    elements agree) is refused with an error that names the variable and both shapes, before any
+    plan is made, eagerly and while a tf.function traces."""
+    for grad_shape, variable_shape in (((2000,), (3000,)), ((40, 50), (50, 40))):
+        exchange = tfcomp.GradientExchange(COMPRESSORS[name]())
+        fitting = tf.Variable(tf.zeros([1500]), name="fitting")
+        variable = tf.Variable(tf.zeros(variable_shape), name="misfit")
+        grads = [tf.constant(random_gradient(rng, (1500,), np.float32)),
+                 tf.constant(random_gradient(rng, grad_shape, np.float32))]
+        call = tf.function(lambda gs: exchange(gs, [fitting, variable])) if traced else (
+            lambda gs: exchange(gs, [fitting, variable]))
+        pattern = (rf"gradient 1 .*misfit.*shape {list(grad_shape)}.*"
+                   rf"{list(variable_shape)}").replace("[", r"\[").replace("]", r"\]")
+        with pytest.raises(ValueError, match=pattern):
+            call(grads)
+        assert exchange.plan is None

@@ -3,9 +3,10 @@
 `HorovodCollectives` (over a Horovod process set) and `LocalCollectives` (stand-ins that send
 nothing, for timing the compression work alone) give the step graph the same interface: grouped
 allgather, grouped sum allreduce, broadcast and alltoall, inside or outside a `tf.function`.
-`allgather_integers`, `broadcast_floats` and `barrier` run eagerly, outside any training step, on
-every rank of a process set at the same point: the plan's agreement checks and calibration use
-them, and the benchmarks' timings.
+`allgather_integers`, `allgather_rows`, `broadcast_floats` and `barrier` run eagerly, outside any
+training step, on every rank of a process set at the same point: they are the only way ranks agree
+outside the step graph (the plan's agreement checks; calibration's decisions, figures, cached ready
+times and barriers; the checkpoint's gathered memory), and the benchmarks' timings use them.
 """
 
 from __future__ import annotations

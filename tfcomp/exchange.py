@@ -6,12 +6,14 @@ tfcomp compressor is given (see `tfcomp.horovod_glue`). For a list of gradients 
 (variables, or watched tensors) it returns the list of reduced gradients, averaged or summed over
 the process set as `op` says.
 
-The exchange owns three things, each in its own module:
+The exchange keeps Horovod's calling protocol and owns three things, each in its own module:
   * its state (`tfcomp.memory.ExchangeState`: residuals and step counter), created with the
     exchange, outside any traced function, and tracked so that checkpoints carry it;
-  * a plan per list of gradients (`tfcomp.planner.Planner`: agreement across ranks, calibration,
-    bucket search, digest check), made once, eagerly, the first time the list is seen (printed
-    on rank 0), and reused by every later call and every retrace;
+  * a plan per list of gradients, decided by the `tfcomp.controller.PlanController` it is handed
+    (its first plan by the `tfcomp.planner.Planner`: agreement across ranks, calibration, bucket
+    search, digest check), made once, eagerly, the first time the list is seen (printed on rank 0),
+    and reused by every later call and every retrace until the controller installs another
+    (deferred calibration, re-plans, the trial's verdict: `exchange.controller`);
   * the step graph (`tfcomp.step.StepGraph`) that runs a plan: inline when called inside a
     `tf.function`, as a `tf.function` of its own when called eagerly.
 
@@ -27,27 +29,22 @@ import weakref
 from dataclasses import dataclass, replace
 
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp import calibration, planning
+from tfcomp import calibration
 from tfcomp.collectives import HorovodCollectives
 from tfcomp.compressors import FP16, Compressor
+from tfcomp.controller import CALIBRATION_SECONDS_PER_STEP, DEPARTURE_THRESHOLD, REPLAN_MIN_GAIN, PlanController
 from tfcomp.counters import ExchangeCounters
 from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph, wire_bytes
 
-__all__ = ["CALIBRATION_SECONDS_PER_STEP", "COMPRESSIBLE_DTYPES", "DEPARTURE_THRESHOLD", "REPLAN_MIN_GAIN",
-           "GradientExchange", "TensorRecord", "check_predivide_factor", "check_tf2_mode", "exchange_of"]
+__all__ = ["COMPRESSIBLE_DTYPES", "GradientExchange", "PlanEntry", "TensorRecord", "check_predivide_factor",
+           "check_tf2_mode", "exchange_of"]
 
 COMPRESSIBLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
-REPLAN_MIN_GAIN = 0.05  # a new plan replaces the running one only where predicted to save this fraction of the
-# running exchange's part after the backward pass: installing it costs a new trace of the training step and a new
-# trial (about a minute for the ViT on 4 workers sharing 2 cores)
-DEPARTURE_THRESHOLD = 0.25  # check_prediction re-plans where the measured exchange departs by more
-CALIBRATION_SECONDS_PER_STEP = 0.5  # what calibrate_step adds to a step, about (rank 0's clock)
 
 
 def check_tf2_mode() -> None:
@@ -114,9 +111,11 @@ class _UntrackedFunction:
         return self._function(*args)
 
 
-class _PlanEntry:
-    """A plan, what it was made from (the planner's tensors and signature, the gradients' specs,
-    their sources), its `StepRuntime`, and its eager step function (made on first eager use)."""
+class PlanEntry:
+    """A plan run for one list of gradients, what it was made from (the planner's tensors
+    [(position, name, elements)] and signature, the gradients' specs, their sources), its
+    `tfcomp.step.StepRuntime` (trial, timeline, residuals' flush), and its eager step function
+    (made on first eager use)."""
 
     def __init__(self, plan, tensors, signature, specs, sources, runtime):
         self.plan = plan
@@ -143,6 +142,27 @@ def _name(source, position: int) -> str:
     return getattr(source, "name", None) or f"gradient_{position}"
 
 
+def _shape_checked(position: int, grad, source):
+    """`grad` where its shape is its source's; ValueError naming both where they differ statically
+    (at trace time). Where either shape is known only when the step runs, `grad` with an assertion
+    that they agree (tf.errors.InvalidArgumentError at run time)."""
+    source_shape = tf.TensorShape(getattr(source, "shape", None))
+    if isinstance(grad, tf.IndexedSlices):
+        grad_shape = tf.TensorShape(tf.get_static_value(grad.dense_shape))
+    else:
+        grad_shape = grad.shape
+    if not grad_shape.is_compatible_with(source_shape):
+        raise ValueError(f"gradient {position} (for {_name(source, position)}) has shape {grad_shape.as_list()}, but "
+                         f"its source has shape {source_shape.as_list()}: give each variable or watched tensor a "
+                         "gradient of its own shape")
+    if isinstance(grad, tf.IndexedSlices) or (grad_shape.is_fully_defined() and source_shape.is_fully_defined()):
+        return grad
+    with tf.control_dependencies([tf.debugging.assert_equal(
+            tf.shape(grad), tf.shape(source),
+            message=f"gradient {position} (for {_name(source, position)}) has another shape than its source")]):
+        return tf.identity(grad)
+
+
 def _source_key(source, position: int, grad):
     """What identifies a gradient's source across steps and traces: the variable itself, or, for
     a watched tensor (a new object every step), its position, shape and dtype in the list."""
@@ -166,17 +186,30 @@ class GradientExchange(tf.Module):
         planner the first time a list of gradients is seen, and, where it compresses, tried in
         training: `compressor.trial_steps`, `tfcomp.trial`). Not tried when given.
       collectives: what the compressed buckets use (default: Horovod's over process_set).
+      controller: the `tfcomp.controller.PlanController` that decides the plans, with a planner of
+        this compressor (default: one with a `tfcomp.planner.Planner` of this exchange's settings,
+        these collectives and `plan`; give either `plan` or `controller`, not both).
+
+    The controller's `defer_calibration`, `calibrate_step`, `calibration_pending`,
+    `calibration_seconds`, `ready_times_cached`, `replan`, `check_prediction`, `measured_plan` and
+    `settle` are the exchange's too (one-line delegations: `exchange.controller.X` is the same).
     """
 
     def __init__(self, compressor: Compressor, *, op=hvd.Average, gradient_predivide_factor: float = 1.0,
                  sparse_as_dense: bool = False, process_set=hvd.global_process_set, name: str = "tfcomp",
-                 plan=None, collectives=None):
+                 plan=None, collectives=None, controller=None):
         check_tf2_mode()
         super().__init__(name=name.replace(">", "_"))
         if not isinstance(compressor, Compressor):
             raise TypeError(f"compressor must be a tfcomp.Compressor instance, got {compressor!r}")
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError(f"op must be hvd.Average or hvd.Sum for tfcomp compressors, got {op!r}")
+        if controller is not None and plan is not None:
+            raise ValueError("give a fixed plan either as plan= or to the controller (PlanController(fixed_plan=...)), "
+                             "not both")
+        if controller is not None and controller.compressor is not compressor:
+            raise ValueError(f"controller plans for {controller.compressor!r}, not this exchange's compressor "
+                             f"{compressor!r}")
         self.compressor = compressor
         self.op = op
         self.gradient_predivide_factor = check_predivide_factor(gradient_predivide_factor)
@@ -189,18 +222,16 @@ class GradientExchange(tf.Module):
         self._step_graph = StepGraph(compressor, self.state, collectives, op=op,
                                      gradient_predivide_factor=self.gradient_predivide_factor, process_set=process_set,
                                      counters=self.counters)
-        self._planner = Planner(compressor, process_set, {
+        self.controller = controller or PlanController(Planner(compressor, process_set, {
             "op": int(op), "gradient_predivide_factor": self.gradient_predivide_factor,
-            "sparse_as_dense": self.sparse_as_dense})
-        self._fixed_plan = plan
+            "sparse_as_dense": self.sparse_as_dense}), collectives, fixed_plan=plan)
+        self.controller.bind(self)
         self._keras_optimizer = None  # a weak reference: the optimizer tracks this exchange, not the reverse
         self._plans = {}
         self._last_key = None
-        self.plan = plan
+        self.plan = self.controller.fixed_plan
         self.trial = None
         self.timeline = None  # the current plan's tfcomp.timeline.ExchangeTimeline
-        self._recalibrated = False  # whether check_prediction has calibrated again (at most once a job)
-        self._compression_lost = False  # whether a trial in this job dropped a plan (_plan_dropped)
         self.records: tuple = ()
 
     # -- state -------------------------------------------------------------------------------------
@@ -215,67 +246,48 @@ class GradientExchange(tf.Module):
         """int64 scalar: communicating steps so far (restored with the residuals)."""
         return self.state.step
 
+    # -- what the controller decides (one-line delegations; see tfcomp.controller.PlanController) --
+
     @property
     def calibration_seconds(self) -> float:
-        """Seconds calibration took in this job (the first plan's, and any `check_prediction`
-        calibrated again): the network probes alone where the compression costs came from the
-        cache; 0 where there was none (one worker, planning off)."""
-        return self._planner.calibration_seconds
+        """`PlanController.calibration_seconds`."""
+        return self.controller.calibration_seconds
 
     @property
     def ready_times_cached(self) -> bool:
-        """Whether the first plan took the gradients' ready times from an earlier job of the same
-        model on the same hosts (`tfcomp.calibration.cached_ready_times`) rather than assuming all
-        of them ready after the backward pass."""
-        return self._planner.ready_cached
+        """`PlanController.ready_times_cached`."""
+        return self.controller.ready_times_cached
 
     @property
     def calibration_pending(self) -> bool:
-        """Whether calibration deferred by `defer_calibration` has pieces left to run."""
-        return self._planner.calibration_pending
+        """`PlanController.calibration_pending`."""
+        return self.controller.calibration_pending
 
     def defer_calibration(self) -> None:
-        """Calibrates between training steps instead of on the first: call it before the first step
-        (later it does nothing). The first plan then sends every gradient dense, as Horovod does,
-        and measures nothing, and each `calibrate_step()` call after a step runs the next pieces
-        of the calibration; when they are done the exchange is planned with its figures (and the
-        ready times measured meanwhile), and that plan replaces the dense one where it compresses.
-        `tfcomp.keras.Replan` does both. With one worker or planning="off" there is nothing to
-        calibrate."""
-        self._planner.defer_calibration()
+        """`PlanController.defer_calibration`: calibrates between training steps instead of on the first."""
+        self.controller.defer_calibration()
 
     def calibrate_step(self, seconds: float = CALIBRATION_SECONDS_PER_STEP) -> bool:
-        """Runs pieces of the deferred calibration (`defer_calibration`) for about `seconds` (> 0;
-        rank 0's clock decides for every rank, and a piece once started runs to its end: a probe's
-        first call, or one round of timed calls), then, where that finished it, plans with the
-        figures measured and the gradients' ready times of the steps run meanwhile (the latest over
-        the ranks, cached for later jobs as `replan` caches them), and installs that plan where it
-        compresses (it is then tried in training, as a first plan is). Returns whether it did (trace
-        the training step again). Call it eagerly between training steps, on every rank at the
-        same step; False (nothing done) where nothing is pending."""
-        if not seconds > 0.0:
-            raise ValueError(f"seconds must be a time > 0 to calibrate for, got {seconds!r}")
-        entry = self._plans.get(self._last_key)
-        if entry is None or not self._planner.calibration_pending:
-            return False
-        with tf.init_scope():
-            done = self._planner.calibrate_some(seconds)
-        if not done:
-            return False
-        _, ready = self._ready_times_kept(entry)
-        with tf.init_scope():
-            plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
-        # The dense plan run so far stood in for this one: a plan that compresses replaces it whatever
-        # it is predicted to gain (as a first plan would run), an all-dense one only lends its figures.
-        changed = bool(plan.compressed)
-        if changed:
-            self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources)
-        else:
-            entry.plan = self.plan = replace(entry.plan, cluster=plan.cluster, ready=plan.ready)
-        if self._collectives.rank == 0:
-            logging.info("tfcomp: calibrated between steps in %.1f s; %s\n%s", self.calibration_seconds,
-                         "a new plan" if changed else "the plan stays", self.plan.table())
-        return changed
+        """`PlanController.calibrate_step`: runs pieces of a deferred calibration after a step."""
+        return self.controller.calibrate_step(seconds)
+
+    def replan(self, min_gain: float = REPLAN_MIN_GAIN) -> bool:
+        """`PlanController.replan`: the plan made again with the gradients' measured ready times."""
+        return self.controller.replan(min_gain)
+
+    def check_prediction(self, threshold: float = DEPARTURE_THRESHOLD):
+        """`PlanController.check_prediction`: the measured exchange against its prediction."""
+        return self.controller.check_prediction(threshold)
+
+    def measured_plan(self):
+        """`PlanController.measured_plan`: the running plan with its measured ready times, and its end."""
+        return self.controller.measured_plan()
+
+    def settle(self) -> bool:
+        """`PlanController.settle`: an all-dense plan installed again without a flush it has sent."""
+        return self.controller.settle()
+
+    # -- the Keras optimizer served (part of Horovod's Keras protocol) ------------------------------
 
     def serve_keras_optimizer(self, optimizer) -> None:
         """Records the Keras optimizer (`tf.keras.optimizers.Optimizer`) whose gradients this
@@ -308,7 +320,7 @@ class GradientExchange(tf.Module):
         if not self._collectives.included():
             return grads
         present = [i for i, g in enumerate(grads) if g is not None]
-        grads_in = [self._densify(grads[i], sources[i]) for i in present]
+        grads_in = [self._densify(_shape_checked(i, grads[i], sources[i]), sources[i]) for i in present]
         keys = [_source_key(sources[i], n, g) for n, (i, g) in enumerate(zip(present, grads_in))]
         names = [_name(sources[i], i) for i in present]
         with tf.variable_creator_scope(_not_recorded_by_tf_function):
@@ -340,7 +352,7 @@ class GradientExchange(tf.Module):
         return (self.compressor.collective != "dense" and not isinstance(grad, tf.IndexedSlices)
                 and grad.dtype in COMPRESSIBLE_DTYPES and grad.shape.is_fully_defined())
 
-    def _plan_for(self, grads, keys, names) -> _PlanEntry:
+    def _plan_for(self, grads, keys, names) -> PlanEntry:
         """The plan for this list of gradients, made once per list of (source, shape, dtype), on the
         first call, eagerly and on every rank at the same time (agreement, calibration and the
         digest check are collectives), then reused by every later call and retrace. The memory its
@@ -355,264 +367,47 @@ class GradientExchange(tf.Module):
         # Backprop order: the last variables' gradients are computed first.
         tensors = [(i, names[i], int(grads[i].shape.num_elements())) for i in reversed(candidates)]
         specs = [tf.TensorSpec(g.shape, g.dtype) for g in grads]
-        with tf.init_scope():
-            plan = self._fixed_plan if self._fixed_plan is not None else self._planner.plan(tensors, signature)
+        plan = self.controller.first_plan(tensors, signature)
         entry = self._install(cache_key, plan, tensors, signature, specs, keys)
-        self._take_restored_state()
-        if self._collectives.rank == 0 and self.calibration_pending:
-            logging.info("tfcomp: calibration deferred to run between training steps; until it is done every gradient "
-                         "is sent dense")
-        elif self._collectives.rank == 0 and self._collectives.size > 1 and self.compressor.planning == "auto" and tensors:
-            logging.info("tfcomp: calibrated in %.1f s%s\n%s", self.calibration_seconds,
-                         "; the gradients' ready times from an earlier job" if self._planner.ready_cached else "",
-                         plan.table())
+        with tf.init_scope():
+            self.state.adopt_restored(self._collectives.rank, self._collectives.size, self.compressor.error_feedback)
         if self._collectives.rank == 0 and (advice := _cpu_allocator_advice(plan, tensors)):
             logging.warning("%s", advice)
         return entry
 
-    def _install(self, cache_key, plan, tensors, signature, specs, keys, residuals_sent: bool = False) -> _PlanEntry:
+    def _install(self, cache_key, plan, tensors, signature, specs, keys, residuals_sent: bool = False) -> PlanEntry:
         """Makes `plan` the one run for `cache_key`'s gradients: its memory and runtime created
-        (eagerly), a trial where it compresses and the planner made it (`residuals_sent`: see
-        `tfcomp.step.StepRuntime`)."""
+        (eagerly), a trial where it compresses and the controller has plans tried
+        (`residuals_sent`: see `tfcomp.step.StepRuntime`). The running plan's trial verdict is kept
+        by the controller first (`PlanController.remember_trial_verdict`)."""
+        self.controller.remember_trial_verdict()
         with tf.init_scope():
-            trial_steps = self.compressor.tried_steps if self._fixed_plan is None and self._collectives.size > 1 else 0
-            runtime = self._step_graph.create_state(plan, specs, keys, trial_steps, residuals_sent)
-        self._plans[cache_key] = entry = _PlanEntry(plan, tensors, signature, specs, keys, runtime)
+            runtime = self._step_graph.create_state(plan, specs, keys, self.controller.trial_steps, residuals_sent)
+        self._plans[cache_key] = entry = PlanEntry(plan, tensors, signature, specs, keys, runtime)
         self._last_key = cache_key
         self.plan, self.trial, self.timeline = plan, runtime.trial, runtime.timeline
         return entry
 
-    def replan(self, min_gain: float = REPLAN_MIN_GAIN) -> bool:
-        """Makes the plan of the last list of gradients again, with when each gradient became ready
-        in the steps run so far (`timeline`: medians over its last steps, the latest over the ranks,
-        since a collective waits for its slowest rank), so that the search weighs the overlap of
-        dense buckets with the backward pass. Call it eagerly, on every rank at the same step
-        (`tfcomp.keras.Replan` does), after at least one step. Returns whether the plan changed
-        (only where the new plan is predicted to save `min_gain` of the running one's exchange
-        after the backward pass, both priced with the same figures: `tfcomp.planning.pays_to_replace`):
-        then the training step must be traced again to run it (Keras: `model.make_train_function(
-        force=True)`, which the callback does; a custom loop: a new `tf.function`); the new plan is
-        tried in training like the first. Where a trial in this job dropped a plan, only the
-        dense buckets are planned again: the trial measured that compressing loses here, which
-        outweighs the model. False (nothing done) with planning="off", a fixed plan
-        or one worker. Residuals carry over; a bucket now sent dense sends its residual first. The
-        ready times are cached (`tfcomp.calibration.store_ready_times`) for the first plan of a
-        later job of the same model on the same hosts."""
-        planning.check_min_gain(min_gain)  # also where the new plan turns out the same
-        entry = self._replannable()
+    @property
+    def last_entry(self) -> PlanEntry | None:
+        """The `PlanEntry` of the plan run for the last list of gradients seen (None before the first call)."""
+        return self._plans.get(self._last_key)
+
+    def install(self, plan, residuals_sent: bool = False) -> PlanEntry:
+        """Makes `plan` (of the same gradients) the one run for the last list of gradients, its
+        runtime and trial created anew (the controller's re-plans; trace the step again to run it).
+        `residuals_sent`: see `tfcomp.step.StepRuntime`. Eagerly."""
+        entry = self.last_entry
         if entry is None:
-            return False
-        measured, ready = self._ready_times_kept(entry)
-        if ready is None:
-            raise RuntimeError("tfcomp: replan() needs the ready times of at least one training step; call it after "
-                               "training has run")
-        changed = self._plan_again(entry, ready, min_gain)
-        if changed and self._collectives.rank == 0:
-            logging.info("tfcomp: re-planned with the gradients' ready times measured over %d steps\n%s",
-                         measured["steps"], self.plan.table())
-        return changed
+            raise RuntimeError("tfcomp: no list of gradients has been exchanged yet: nothing to install a plan for")
+        return self._install(self._last_key, plan, entry.tensors, entry.signature, entry.specs, entry.sources,
+                             residuals_sent)
 
-    def check_prediction(self, threshold: float = DEPARTURE_THRESHOLD):
-        """Compares when the exchange ends, measured (the timeline's medians over its window, the
-        latest over the ranks), with what the cost model predicts for the plan being run (all dense
-        where its trial dropped it) given the same measured ready times, and re-plans where they
-        differ by more than `threshold` (a fraction of the prediction, > 0): first with the
-        overlap slowdown fitted to the measurement (`tfcomp.planning.fit_overlap_slowdown`: how much
-        slower transfers run beside the backward pass), and, where that does not bring the
-        prediction within `threshold` (the network or the compression costs are off), with the
-        cluster calibrated again (the networks measured, the compression costs from the cache; once a
-        job, and for an all-dense plan only where a network that explains the measurement would make
-        a plan that compresses) and the slowdown fitted anew. Every rank decides from the same
-        gathered figures; the new plan's digest is checked across ranks and, where it compresses,
-        it is tried in training. Where the
-        trial dropped the plan, the departure is reported and nothing is re-planned: the trial
-        measured that compressing loses in this job, which outweighs the model (an unshaped CNN
-        run re-planned three times around a 25 % departure of the all-dense prediction, each new
-        plan compressing and tried again: 176 s of training against plain Horovod's 133).
-
-        Call it eagerly, on every rank at the same step (`tfcomp.keras.Replan` does). Returns None
-        where there is nothing to check yet (no plan made by the planner, one worker, a deferred
-        calibration still running, the plan's trial undecided or the timeline's window not yet
-        full since the plan was installed), else
-        {"predicted_seconds", "measured_seconds", "departure" (measured / predicted - 1),
-        "replanned" (whether the figures were fitted again), "changed" (whether the plan's buckets
-        did, or its all-dense plan was installed again without a flush of residuals it has sent
-        (`_settle`): then trace the step again, as after `replan`), "overlap_slowdown",
-        "recalibrated"}."""
-        if not threshold > 0.0:
-            raise ValueError(f"threshold must be a fraction > 0 of the predicted exchange time, got {threshold!r}")
-        entry = self._replannable()
-        if entry is None or self.calibration_pending:
-            return None
-        timeline, trial = entry.runtime.timeline, entry.runtime.trial
-        # The window's steps must all run what the check prices: after the trial's decision.
-        since = int(timeline.steps.numpy()) if trial is None else int(trial.step.numpy()) - trial.decision_step
-        if since < timeline.window:
-            return None
-        running, measured = self.measured_plan()
-        ready = [running.ready[p] for p, _, _ in entry.tensors]
-        predicted = planning.predicted_exchange_time(running)
-        departure = measured / predicted - 1.0 if predicted > 0.0 else 0.0
-        result = {"predicted_seconds": predicted, "measured_seconds": measured, "departure": departure,
-                  "replanned": False, "changed": False, "overlap_slowdown": running.cluster.overlap_slowdown,
-                  "recalibrated": False}
-        if abs(departure) <= threshold or self._plan_dropped():
-            result["changed"] = self._settle(entry, running)
-            return result
-
-        def fitted(cluster):  # the fit prices every slowdown it tries itself: the cluster's own is not used
-            slowdown = planning.fit_overlap_slowdown(replace(running, cluster=cluster), measured)
-            return replace(cluster, overlap_slowdown=slowdown)
-
-        cluster = fitted(running.cluster)
-        unexplained = abs(measured / planning.predicted_exchange_time(replace(running, cluster=cluster)) - 1.0) > threshold
-        if (unexplained and not self._recalibrated
-                and self._network_could_change_the_plan(entry, running, ready, measured)):
-            # Once a job: where a new calibration did not explain it either, the departure comes from
-            # what the model does not price (workers' compute beside the exchange), not a changed network.
-            with tf.init_scope():
-                cluster = fitted(self._planner.recalibrate(entry.tensors))
-            result["recalibrated"] = self._recalibrated = True
-        self._planner.cluster = cluster
-        result.update(replanned=True, changed=self._plan_again(entry, ready), overlap_slowdown=cluster.overlap_slowdown)
-        if self._collectives.rank == 0:
-            logging.info("tfcomp: the exchange ended %.1f ms after the first gradient where %.1f ms were predicted "
-                         "(%+.0f %%); re-planned with transfers %.2fx slower beside the backward pass%s: %s",
-                         1e3 * measured, 1e3 * predicted, 100.0 * departure, cluster.overlap_slowdown,
-                         " and the cluster calibrated again" if result["recalibrated"] else "",
-                         "a new plan\n" + self.plan.table() if result["changed"] else "the plan stays")
-        return result
-
-    def measured_plan(self):
-        """(plan, seconds): the plan run for the last list of gradients (all dense where its trial
-        dropped it) with the gradients' ready times its exchange timeline measured, and when its
-        exchange ended after the step's first gradient: medians over the timeline's window, each
-        the latest over the ranks (a collective waits for its slowest rank; one allgather). None
-        where there is nothing measured yet (no plan, one worker, no step run). Call it eagerly,
-        on every rank at the same step. `tfcomp.planning.predicted_exchange_time` of the plan is
-        what `check_prediction` compares with the seconds, and `planning.fit_overlap_slowdown`
-        fits the slowdown that explains them."""
-        entry = self._plans.get(self._last_key)
-        if entry is None or self._collectives.size < 2 or not entry.tensors:
-            return None
-        measured = entry.runtime.timeline.read()
-        if measured["steps"] == 0:
-            return None
-        ready, end = self._latest_over_ranks(entry, measured)
-        running = entry.plan.all_dense() if self._plan_dropped() else entry.plan
-        return replace(running, ready={p: ready[i] for i, (p, _, _) in enumerate(entry.tensors)}), end
-
-    def _network_could_change_the_plan(self, entry, running, ready: list, measured: float) -> bool:
-        """Whether calibrating the networks again could change the plan `running` (its `ready` the
-        measured ready times) whose exchange measured `measured` seconds: always where it compresses;
-        where it is all dense, only where the network that alone would explain the measurement
-        (`tfcomp.planning.network_explaining`) makes a plan that compresses. A calibration measures
-        the networks (the compression costs come from the cache), and an all-dense exchange measured
-        slower than predicted bounds how slow they can be; a faster one makes compressing pay even
-        less. (Where 4 workers share 2 cores, the all-dense exchange measured 16 to 46 % above its
-        prediction and a second calibration changed nothing but cost the job its time.)"""
-        if running.compressed:
-            return True
-        network = planning.network_explaining(running, measured)
-        return bool(planning.make_plan(entry.tensors, self.compressor, network, ready_seconds=ready).compressed)
-
-    def _replannable(self):
-        """The plan entry of the last list of gradients where the planner made it and may remake
-        it (planning="auto", no fixed plan, several workers, gradients to plan); else None."""
-        entry = self._plans.get(self._last_key)
-        if (entry is None or self._fixed_plan is not None or self.compressor.planning != "auto"
-                or self._collectives.size < 2 or not entry.tensors):
-            return None
-        return entry
-
-    def _ready_times_kept(self, entry) -> tuple:
-        """(`entry`'s timeline reading, the gradients' ready times in it: the latest over the ranks,
-        per planner tensor, or None where no step was timed), those times kept for the planner and
-        for later jobs (`Planner.keep_ready_times`). Every rank calls it at the same step."""
-        measured = entry.runtime.timeline.read()
-        if not measured["steps"]:
-            return measured, None
-        ready, _ = self._latest_over_ranks(entry, measured)
-        self._planner.keep_ready_times(entry.tensors, ready)
-        return measured, ready
-
-    def _latest_over_ranks(self, entry, measured: dict) -> tuple:
-        """([ready seconds per planner tensor], the exchange's end): `measured`'s timeline medians,
-        the latest over the ranks (one allgather)."""
-        values = measured["ready_seconds"] + [max(measured["bucket_end_seconds"], default=0.0)]
-        with tf.init_scope():
-            gathered = self._collectives.allgather([tf.constant(values, tf.float64)])[0]
-        latest = np.max(np.reshape(gathered.numpy(), [self._collectives.size, -1]), axis=0)
-        return [float(latest[p]) for p, _, _ in entry.tensors], float(latest[-1])
-
-    def _plan_again(self, entry, ready: list, min_gain: float = REPLAN_MIN_GAIN) -> bool:
-        """Makes the plan of `entry`'s gradients with `ready` times (only its all-dense buckets where
-        a trial in this job dropped a plan); installs it where its buckets differ and it pays to
-        replace what runs now (the old plan, or all dense where its trial dropped it;
-        `planning.replacement` with `min_gain`) (returns True: the step must be traced again, and a
-        plan that compresses is tried again), else keeps running the old one with the new plan's
-        figures; where that plan sends everything dense, has sent every residual and still carries
-        a trial's branch or their flush, it is installed again without them (`_settle`)."""
-        with tf.init_scope():
-            plan = self._planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
-            residuals_sent = entry.runtime.dense_residuals_sent(entry.plan)
-        dropped = self._plan_dropped()
-        running = entry.plan.all_dense() if dropped else entry.plan
-        chosen = planning.replacement(running, plan, min_gain, compressing=not dropped)
-        if chosen is None:
-            entry.plan = self.plan = replace(entry.plan, cluster=plan.cluster, ready=plan.ready)
-            return self._settle(entry, replace(running, cluster=plan.cluster, ready=plan.ready))
-        self._install(self._last_key, chosen, entry.tensors, entry.signature, entry.specs, entry.sources,
-                      residuals_sent=residuals_sent and not chosen.compressed)
-        return True
-
-    def settle(self) -> bool:
-        """Where the plan of the last list of gradients sends everything dense in every later step
-        (it is all dense, or its trial dropped it) and has sent every residual, but its step still
-        carries the trial's branch or the flush of residuals, installs that all-dense plan without
-        them and returns True: trace the step again. Else False (also while a trial is undecided,
-        and where the planner does not make the plan). Call it eagerly, on every rank at the same
-        step: one step after installing a plan that flushes residuals (an all-dense plan after a
-        re-plan flushes them in its first step), as `tfcomp.keras.Replan` does after each change;
-        otherwise the next `check_prediction` settles it."""
-        entry = self._replannable()
-        if entry is None:
-            return False
-        return self._settle(entry, entry.plan.all_dense() if self._plan_dropped() else entry.plan)
-
-    def _settle(self, entry, running) -> bool:
-        """Where every later step of `entry`'s plan sends everything dense (the plan is all dense, or
-        its trial dropped it) and has sent every residual, but the step still carries the trial's
-        branch or the tf.conds that flush residuals (which cost the 82-tensor model's step on 8
-        workers of this machine 1.1x plain Horovod's), installs `running` (that all-dense plan)
-        without them and returns True: trace the step again. Else False."""
-        with tf.init_scope():
-            settled = entry.runtime.residuals_sent or not entry.runtime.dense_residuals_sent(entry.plan)
-        if settled:
-            return False
-        self._install(self._last_key, running, entry.tensors, entry.signature, entry.specs, entry.sources,
-                      residuals_sent=True)
-        return True
-
-    def _take_restored_state(self) -> None:
-        """After a restore (the first time a list of gradients is seen): takes this rank's own
-        memory from a checkpoint that carries every rank's (`tfcomp.checkpointing.gather_state`
-        ran before it was saved), or, from one saved by another number of ranks, their mean (the
-        update still owed). Otherwise, if the memory is another rank's, says so once: training
-        then goes on, but not as an uninterrupted run would."""
-        here = (self._collectives.rank, self._collectives.size)
-        with tf.init_scope():
-            rank, size = (int(v) for v in self.state.owner.numpy())
-            self.state.owner.assign(list(here))
-        taken = self.state.adopt_gathered(*here)
-        if taken == "mean":
-            logging.warning("tfcomp: the checkpoint holds the error-feedback memory of %d ranks; this job has %d, so "
-                            "every rank goes on with their mean (the update still owed)", size, here[1])
-        elif not taken and (rank, size) != here and self.compressor.error_feedback:
-            logging.warning("tfcomp: rank %d of %d restored error-feedback residuals saved by rank %d of %d; it goes "
-                            "on with them (an estimate of the update still owed), so training is not bit-identical to "
-                            "an uninterrupted run. Call tfcomp.checkpointing.gather_state(optimizer) on every rank "
-                            "right before rank 0 saves to resume exactly.", here[0], here[1], rank, size)
+    def reprice(self, cluster, ready) -> None:
+        """Keeps running the last list's plan, with `cluster` and `ready` as its figures (what a
+        re-plan that changed no bucket measured)."""
+        entry = self.last_entry
+        entry.plan = self.plan = replace(entry.plan, cluster=cluster, ready=ready)
 
     # -- reporting ---------------------------------------------------------------------------------
 
@@ -639,27 +434,17 @@ class GradientExchange(tf.Module):
                 records.append(TensorRecord(name, size, "allreduce", dense_bytes, dense_bytes, number))
         self.records = tuple(records)
 
-    def _plan_dropped(self) -> bool:
-        """Whether a trial in this job found compressing slower than dense: the running plan's
-        (every bucket is now sent dense) or an earlier plan's, which a re-plan then replaced with
-        all-dense buckets. From then on re-plans keep every bucket dense (an unshaped CNN job's
-        re-plan with its measured ready times installed a new plan that compressed, traced and
-        tried it, and its trial dropped it again: about 10 s of its 87 s of training)."""
-        if self.trial is not None and not self.trial.read()["compressed"]:
-            self._compression_lost = True
-        return self._compression_lost
-
     def bytes_per_step(self) -> tuple:
         """(dense bytes, sent bytes) one worker exchanges per step, over the tensors whose payload
         size is fixed (IndexedSlices are left out), with the plan (all dense once its trial
         dropped it)."""
         known = [r for r in self.records if r.sent_bytes >= 0]
         dense = sum(r.dense_bytes for r in known)
-        return dense, dense if self._plan_dropped() else sum(r.sent_bytes for r in known)
+        return dense, dense if self.controller.trial_dropped_compression else sum(r.sent_bytes for r in known)
 
     def compressed_tensors(self) -> list:
         """Names of the tensors the compressor encodes (none once the plan's trial dropped it)."""
-        if self._plan_dropped():
+        if self.controller.trial_dropped_compression:
             return []
         return [r.name for r in self.records if r.strategy.startswith(type(self.compressor).__name__)]
 

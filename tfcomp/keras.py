@@ -45,7 +45,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp.exchange import CALIBRATION_SECONDS_PER_STEP, DEPARTURE_THRESHOLD, exchange_of
+from tfcomp.controller import CALIBRATION_SECONDS_PER_STEP, DEPARTURE_THRESHOLD
+from tfcomp.exchange import exchange_of
 
 __all__ = ["CompressionMonitor", "Replan"]
 

@@ -20,6 +20,7 @@ For a source of n elements (any shape) the memory holds float32 [n] vectors:
 from __future__ import annotations
 
 import tensorflow as tf
+from absl import logging
 
 __all__ = ["ErrorFeedback", "ExchangeState", "source_key"]
 
@@ -114,6 +115,27 @@ class ExchangeState(tf.Module):
                 self.gathered.append(tf.Variable(tf.zeros([0]), shape=tf.TensorShape(None), trainable=False,
                                                  name=f"gathered_{len(self.gathered)}"))
         return self.gathered[index]
+
+    def adopt_restored(self, rank: int, size: int, error_feedback: bool) -> None:
+        """After a restore (the exchange calls it the first time it sees a list of gradients), as
+        rank `rank` of `size`: takes this rank's own memory from a checkpoint that carries every
+        rank's (`tfcomp.checkpointing.gather_state` ran before it was saved), or, from one saved by
+        another number of ranks, their mean (the update still owed), and records this rank as the
+        owner. Otherwise, where the memory is another rank's and the compressor keeps one
+        (`error_feedback`), says so once: training then goes on, but not as an uninterrupted run
+        would. Runs eagerly."""
+        with tf.init_scope():
+            owner_rank, owner_size = (int(v) for v in self.owner.numpy())
+            self.owner.assign([rank, size])
+        taken = self.adopt_gathered(rank, size)
+        if taken == "mean":
+            logging.warning("tfcomp: the checkpoint holds the error-feedback memory of %d ranks; this job has %d, so "
+                            "every rank goes on with their mean (the update still owed)", owner_size, size)
+        elif not taken and (owner_rank, owner_size) != (rank, size) and error_feedback:
+            logging.warning("tfcomp: rank %d of %d restored error-feedback residuals saved by rank %d of %d; it goes "
+                            "on with them (an estimate of the update still owed), so training is not bit-identical to "
+                            "an uninterrupted run. Call tfcomp.checkpointing.gather_state(optimizer) on every rank "
+                            "right before rank 0 saves to resume exactly.", rank, size, owner_rank, owner_size)
 
     def adopt_gathered(self, rank: int, size: int) -> str:
         """After a restore: if the checkpoint holds every rank's memory gathered at the step it was

@@ -8,8 +8,9 @@ point (the exchange calls it the first time it sees a list of gradients), and re
      and the gradients' signature (order, shapes, dtypes, dense or sparse) are allgathered; any
      difference raises `PlanMismatchError` on every rank, naming the rank and what differs, before
      any calibration or exchange collective that could wait forever for a rank doing otherwise;
-  2. calibration (`tfcomp.calibration`, cached) and the bucket search (`tfcomp.planning`), or one
-     bucket per tensor with planning="off". Where calibration is deferred (`defer_calibration`),
+  2. calibration (`tfcomp.calibration`, cached; stopped early where even compression's least
+     costs cannot make it pay: `tfcomp.planning.compression_could_pay`) and the bucket search
+     (`tfcomp.planning`), or one bucket per tensor with planning="off". Where calibration is deferred (`defer_calibration`),
      the first plan sends everything dense and measures nothing; `calibrate_some` then runs the
      calibration a few pieces at a time between training steps, and later plans use its figures;
   3. the plan's digest compared across ranks (`PlanMismatchError` on every rank if any differs).
@@ -17,6 +18,7 @@ point (the exchange calls it the first time it sees a list of gradients), and re
 
 from __future__ import annotations
 
+import functools
 import time
 
 from tfcomp import calibration, planning
@@ -107,7 +109,8 @@ class Planner:
         elif self.cluster is None and self.deferred and workers > 1:
             self._pieces = calibration.calibration_pieces(self.compressor, self.process_set,
                                                           max_elements=sum(n for _, _, n in tensors),
-                                                          tensor_elements=[n for _, _, n in tensors])
+                                                          tensor_elements=[n for _, _, n in tensors],
+                                                          could_pay=self._could_pay(tensors))
             plan = planning.dense_plan(tensors, self.compressor, ClusterModel.unpriced(workers))
         else:
             if self.cluster is None:
@@ -131,9 +134,15 @@ class Planner:
         start = time.perf_counter()
         self.cluster = calibration.calibrate(self.compressor, self.process_set,
                                              max_elements=sum(n for _, _, n in tensors),
-                                             tensor_elements=[n for _, _, n in tensors])
+                                             tensor_elements=[n for _, _, n in tensors],
+                                             could_pay=self._could_pay(tensors))
         self.calibration_seconds += time.perf_counter() - start
         return self.cluster
+
+    def _could_pay(self, tensors):
+        """The rule by which calibration stops early for `tensors` (`planning.compression_could_pay`):
+        given the cluster with compression at its least costs, whether compressing could pay on it."""
+        return functools.partial(planning.compression_could_pay, list(tensors), self.compressor)
 
     def _check_agreement(self, signature) -> None:
         """Raises PlanMismatchError on every rank if the ranks' compressors, settings or gradient

@@ -37,9 +37,9 @@ import math
 from tfcomp import cost_model as cm
 from tfcomp import strategies as st
 
-__all__ = ["Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain", "dense_plan", "digest",
-           "fit_overlap_slowdown", "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan",
-           "predicted_exchange_time"]
+__all__ = ["CLEAR_GAIN", "Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain",
+           "compression_could_pay", "dense_plan", "digest", "fit_overlap_slowdown", "make_plan", "network_explaining",
+           "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
@@ -556,3 +556,20 @@ def all_dense_time(plan: Plan) -> float:
 
 class PlanMismatchError(RuntimeError):
     """The ranks made different plans (they would run different collectives and hang)."""
+
+
+CLEAR_GAIN = 1.5  # where compression's least costs predict less than this gain over dense, a compressor tried in
+# training is planned from them (`compression_could_pay`): the trial decides, and measuring the rest would not pay
+
+
+def compression_could_pay(tensors, compressor, least_cost_cluster: cm.ClusterModel) -> bool:
+    """The planner's rule for stopping calibration early: whether measuring compression's other
+    costs could change the plan of `tensors` = [(position, name, elements)] in backprop order,
+    given `least_cost_cluster` (the networks measured, compression at the least costs its first
+    probes allow): only where the plan with those least costs compresses and, for a compressor tried
+    in training (`compressor.tried_steps` > 0), is predicted at least `CLEAR_GAIN` times faster than
+    dense (a smaller gain goes to the trial, a truer test than more probes). Higher costs could only
+    make compressing pay less."""
+    plan = make_plan(tensors, compressor, least_cost_cluster)
+    gain = all_dense_time(plan) / max(predicted_exchange_time(plan), 1e-12)
+    return bool(plan.compressed) and (compressor.tried_steps == 0 or gain >= CLEAR_GAIN)

@@ -1,0 +1,348 @@
+"""tfcomp.controller.PlanController alone: a stand-in exchange (the three members the controller
+uses), a stand-in planner that plans with `tfcomp.planning` from figures the test sets, and
+`LocalCollectives` of K workers (the ranks' gathers return this one's figures): re-plans with the
+measured ready times, the prediction checked, deferred calibration, the trial's verdict kept over
+the job, an all-dense plan settled. No Horovod collective and no timing of this machine."""
+
+import dataclasses
+import functools
+
+import horovod.tensorflow as hvd
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcomp
+from tfcomp import cost_model as cm
+from tfcomp import planning
+from tfcomp.collectives import LocalCollectives
+from tfcomp.controller import PlanController
+
+WORKERS = 4
+SLOW = cm.Network(1e-4, 0.1e9 / 8)  # 100 Mbit/s: compressing pays
+FAST = cm.Network(1e-5, 100e9 / 8)  # 100 Gbit/s: dense wins
+
+
+def _cluster(network=SLOW):
+    return cm.ClusterModel(WORKERS, network, network, cm.AffineCost(3e-4, 4e-9))
+
+
+class _Value:
+    """What `.numpy()` is read from (a stand-in for a variable)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def numpy(self):
+        return np.asarray(self.value)
+
+
+class _Timeline:
+    """The exchange timeline's reading: ready seconds by gradient position, bucket ends, steps."""
+
+    def __init__(self, ready, ends, steps: int, window: int = 20):
+        self.ready, self.ends = list(ready), list(ends)
+        self.steps, self.window = _Value(steps), window
+
+    def read(self) -> dict:
+        steps = int(self.steps.numpy())
+        return {"steps": steps, "ready_seconds": self.ready if steps else [], "bucket_end_seconds": self.ends}
+
+
+class _Trial:
+    def __init__(self, compressed: bool, decided: bool = True):
+        self.compressed, self.decided = compressed, decided
+        self.decision_step, self.step = 5, _Value(5 + 100)
+
+    def read(self) -> dict:
+        return {"decided": self.decided, "compressed": self.compressed}
+
+
+class _Runtime:
+    def __init__(self, timeline, trial=None, residuals_sent=False, flushes=False):
+        self.timeline, self.trial, self.residuals_sent, self._flushes = timeline, trial, residuals_sent, flushes
+
+    def dense_residuals_sent(self, plan) -> bool:
+        """Whether the step flushes residuals an all-dense plan has sent (the test says)."""
+        del plan
+        return self._flushes
+
+
+@dataclasses.dataclass
+class _Entry:
+    plan: planning.Plan
+    tensors: list
+    signature: tuple
+    runtime: _Runtime
+
+
+class _Exchange:
+    """The members of GradientExchange that the controller uses, recording every install."""
+
+    def __init__(self, controller, entry):
+        self.controller, self.entry, self.installed = controller, entry, []
+        controller.bind(self)
+
+    @property
+    def last_entry(self):
+        return self.entry
+
+    def install(self, plan, residuals_sent=False):
+        self.controller.remember_trial_verdict()
+        self.installed.append((plan, residuals_sent))
+        self.entry = _Entry(plan, self.entry.tensors, self.entry.signature,
+                            _Runtime(self.entry.runtime.timeline, residuals_sent=residuals_sent))
+        return self.entry
+
+    def reprice(self, cluster, ready):
+        self.entry.plan = dataclasses.replace(self.entry.plan, cluster=cluster, ready=ready)
+
+
+class _Planner:
+    """Plans with `tfcomp.planning.make_plan` from `cluster`; a deferred calibration is `pieces`
+    calls of `calibrate_some` that end with `calibrated` as the figures."""
+
+    def __init__(self, compressor, cluster, pieces: int = 0, calibrated=None):
+        self.compressor, self.cluster = compressor, cluster
+        self.pieces, self.calibrated = pieces, calibrated
+        self.calibration_seconds, self.ready_cached, self.deferred = 0.0, False, False
+        self.kept, self.recalibrations = [], 0
+
+    @property
+    def calibration_pending(self) -> bool:
+        return self.pieces > 0
+
+    def defer_calibration(self):
+        self.deferred = True
+
+    def calibrate_some(self, seconds) -> bool:
+        del seconds
+        self.pieces -= 1
+        if self.pieces == 0:
+            self.cluster = self.calibrated
+        return self.pieces == 0
+
+    def plan(self, tensors, signature, ready_seconds=None):
+        del signature
+        return planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds)
+
+    def keep_ready_times(self, tensors, ready):
+        self.kept.append((list(tensors), list(ready)))
+
+    def recalibrate(self, tensors):
+        del tensors
+        self.recalibrations += 1
+        return self.cluster
+
+
+def _setup(rng, plan_network=SLOW, planner_network=SLOW, trial=None, steps=30, ends=None, workers=WORKERS,
+           compressor=None, fixed_plan=None, **planner_args):
+    """(controller, stand-in exchange, tensors, measured ready times per tensor): 4 gradients of
+    2^18 to 2^20 elements, ready at random times, the running plan planned on `plan_network`."""
+    compressor = compressor or tfcomp.DRAGONN(0.01)
+    sizes = rng.integers(2**18, 2**20, size=4)
+    tensors = [(int(p), f"t{p}", int(sizes[p])) for p in reversed(range(4))]
+    ready_by_position = np.sort(rng.uniform(0.0, 0.05, size=4))[::-1]
+    plan = planning.make_plan(tensors, compressor, _cluster(plan_network))
+    timeline = _Timeline(ready_by_position, ends if ends is not None else [0.1], steps)
+    planner = _Planner(compressor, _cluster(planner_network), **planner_args)
+    controller = PlanController(planner, LocalCollectives(workers), fixed_plan=fixed_plan)
+    exchange = _Exchange(controller, _Entry(plan, tensors, (), _Runtime(timeline, trial)))
+    return controller, exchange, tensors, [float(ready_by_position[p]) for p, _, _ in tensors]
+
+
+def test_replan_installs_the_plan_of_the_measured_ready_times_and_keeps_them(rng):
+    controller, exchange, tensors, ready = _setup(rng, plan_network=FAST)
+    assert not exchange.entry.plan.compressed  # planned dense on a fast network, which turned out slow
+    assert controller.replan(min_gain=0.0) is True
+    expected = planning.make_plan(tensors, controller.compressor, _cluster(), ready_seconds=ready)
+    (installed, residuals_sent), = exchange.installed
+    assert installed.digest() == expected.digest() and installed.compressed and residuals_sent is False
+    assert installed.ready == expected.ready == {p: r for (p, _, _), r in zip(tensors, ready)}
+    assert controller.planner.kept == [(tensors, ready)]
+    assert controller.replan(min_gain=0.0) is False  # the same plan again: nothing installed
+    assert len(exchange.installed) == 1 and exchange.entry.plan.ready == expected.ready
+
+
+def test_replan_after_a_trial_dropped_compression_keeps_every_bucket_dense(rng):
+    controller, exchange, tensors, ready = _setup(rng, trial=_Trial(compressed=False))
+    assert exchange.entry.plan.compressed
+    changed = controller.replan(min_gain=0.0)
+    new = planning.make_plan(tensors, controller.compressor, _cluster(), ready_seconds=ready).all_dense()
+    running = dataclasses.replace(exchange.entry.plan.all_dense(), cluster=new.cluster, ready=new.ready)
+    assert changed == (new.digest() != running.digest() and planning.pays_to_replace(running, new, 0.0))
+    assert all(not plan.compressed for plan, _ in exchange.installed)
+
+
+def test_the_trial_verdict_is_a_query_and_is_remembered_only_when_told(rng):
+    controller, exchange, _, _ = _setup(rng, trial=_Trial(compressed=False))
+    for _ in range(3):  # asking changes nothing
+        assert controller.trial_dropped_compression is True
+    exchange.entry.runtime.trial = _Trial(compressed=True)  # a new trial, the dropped one not remembered
+    assert controller.trial_dropped_compression is False
+    exchange.entry.runtime.trial = _Trial(compressed=False)
+    controller.remember_trial_verdict()
+    exchange.entry.runtime.trial = _Trial(compressed=True)
+    assert controller.trial_dropped_compression is True  # remembered for the job
+    controller, exchange, _, _ = _setup(rng, trial=_Trial(compressed=True))
+    controller.remember_trial_verdict()
+    assert controller.trial_dropped_compression is False
+
+
+def test_installing_a_plan_remembers_the_verdict_of_the_one_it_replaces(rng):
+    controller, exchange, _, _ = _setup(rng, trial=_Trial(compressed=False))
+    exchange.install(exchange.entry.plan)
+    assert exchange.entry.runtime.trial is None and controller.trial_dropped_compression is True
+
+
+def test_replan_needs_a_measured_step_and_does_nothing_where_the_planner_does_not_plan(rng):
+    controller, _, _, _ = _setup(rng, steps=0)
+    with pytest.raises(RuntimeError, match="needs the ready times of at least one training step"):
+        controller.replan()
+    for case in ({"workers": 1}, {"compressor": tfcomp.DRAGONN(0.01, planning="off")}):
+        controller, exchange, _, _ = _setup(rng, plan_network=FAST, **case)
+        assert controller.replan(min_gain=0.0) is False and exchange.installed == []
+        assert controller.check_prediction() is None and controller.settle() is False
+    controller, exchange, _, _ = _setup(rng, plan_network=FAST)
+    controller.fixed_plan = exchange.entry.plan
+    assert controller.replan(min_gain=0.0) is False and controller.trial_steps == 0
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"min_gain must be a fraction in \[0, 1\)"):
+            controller.replan(min_gain=bad)
+
+
+def _predicted(plan, tensors, ready) -> float:
+    return planning.predicted_exchange_time(dataclasses.replace(plan, ready={p: r for (p, _, _), r in zip(tensors, ready)}))
+
+
+def test_check_prediction_keeps_a_plan_on_time_and_fits_the_slowdown_to_a_late_one(rng):
+    controller, exchange, tensors, ready = _setup(rng)
+    on_time = _predicted(exchange.entry.plan, tensors, ready)
+    exchange.entry.runtime.timeline.ends = [on_time * 0.5, on_time]
+    result = controller.check_prediction()
+    assert result["replanned"] is False and result["changed"] is False and result["recalibrated"] is False
+    np.testing.assert_allclose([result["predicted_seconds"], result["departure"]], [on_time, 0.0], atol=1e-12)
+    assert exchange.installed == []
+    late = 2.0 * on_time
+    exchange.entry.runtime.timeline.ends = [late]
+    running = dataclasses.replace(exchange.entry.plan, ready={p: r for (p, _, _), r in zip(tensors, ready)})
+    result = controller.check_prediction()
+    assert result["replanned"] is True
+    assert result["overlap_slowdown"] == planning.fit_overlap_slowdown(running, late)  # the recalibration's figures are the same
+    np.testing.assert_allclose(result["departure"], late / on_time - 1.0, rtol=1e-9)
+    assert controller.planner.cluster.overlap_slowdown == result["overlap_slowdown"]
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="threshold must be a fraction > 0"):
+            controller.check_prediction(bad)
+
+
+def test_check_prediction_waits_for_the_window_and_reports_a_dropped_plan_without_replanning(rng):
+    controller, exchange, tensors, ready = _setup(rng, steps=5)
+    assert controller.check_prediction() is None  # 5 steps of a 20-step window
+    controller, exchange, tensors, ready = _setup(rng, trial=_Trial(compressed=False))
+    late = 10.0 * _predicted(exchange.entry.plan.all_dense(), tensors, ready)
+    exchange.entry.runtime.timeline.ends = [late]
+    result = controller.check_prediction()
+    assert result["departure"] > 0.25 and result["replanned"] is False and exchange.installed == []
+    assert controller.planner.recalibrations == 0
+
+
+def test_check_prediction_calibrates_again_at_most_once_a_job(rng):
+    controller, exchange, tensors, ready = _setup(rng)
+    controller.planner.cluster = dataclasses.replace(_cluster(), overlap_slowdown=1.0)
+    unexplainable = 1e3 * _predicted(exchange.entry.plan, tensors, ready)  # beyond any slowdown the fit tries
+    exchange.entry.runtime.timeline.ends = [unexplainable]
+    assert controller.check_prediction()["recalibrated"] is True
+    exchange.entry.runtime.timeline.ends = [1e3 * _predicted(exchange.entry.plan, tensors, ready)]
+    result = controller.check_prediction()
+    assert result is None or result["recalibrated"] is False
+    assert controller.planner.recalibrations == 1
+
+
+def test_measured_plan_is_the_running_plan_with_the_latest_ready_times(rng):
+    controller, exchange, tensors, ready = _setup(rng, ends=[0.2, 0.3], trial=_Trial(compressed=False))
+    plan, end = controller.measured_plan()
+    assert end == 0.3 and plan.ready == {p: r for (p, _, _), r in zip(tensors, ready)}
+    assert plan.digest() == exchange.entry.plan.all_dense().digest()
+    controller, _, _, _ = _setup(rng, steps=0)
+    assert controller.measured_plan() is None
+
+
+def test_calibrate_step_runs_the_pieces_then_installs_a_plan_that_compresses(rng):
+    controller, exchange, tensors, ready = _setup(rng, plan_network=FAST, pieces=3, calibrated=_cluster(SLOW))
+    assert controller.calibration_pending
+    assert [controller.calibrate_step(0.1) for _ in range(2)] == [False, False] and exchange.installed == []
+    assert controller.calibrate_step(0.1) is True and not controller.calibration_pending
+    (installed, _), = exchange.installed
+    assert installed.digest() == planning.make_plan(tensors, controller.compressor, _cluster(SLOW),
+                                                    ready_seconds=ready).digest()
+    assert controller.calibrate_step(0.1) is False
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="seconds must be a time > 0"):
+            controller.calibrate_step(bad)
+
+
+def test_calibrate_step_keeps_the_dense_plan_where_compressing_does_not_pay_and_lends_it_the_figures(rng):
+    controller, exchange, tensors, ready = _setup(rng, plan_network=FAST, pieces=1, calibrated=_cluster(FAST))
+    assert controller.calibrate_step(0.1) is False and exchange.installed == []
+    assert exchange.entry.plan.cluster == _cluster(FAST)
+    assert exchange.entry.plan.ready == {p: r for (p, _, _), r in zip(tensors, ready)}
+
+
+def test_settle_installs_the_all_dense_plan_again_once_its_residuals_are_sent(rng):
+    controller, exchange, _, _ = _setup(rng, plan_network=FAST)
+    assert controller.settle() is False  # its step flushes nothing
+    exchange.entry.runtime._flushes = True
+    assert controller.settle() is True
+    (plan, residuals_sent), = exchange.installed
+    assert residuals_sent is True and not plan.compressed
+    assert controller.settle() is False  # residuals sent: settled
+
+
+def test_a_controller_serves_one_exchange(rng):
+    controller, exchange, _, _ = _setup(rng)
+    controller.bind(exchange)  # again: the same one
+    with pytest.raises(ValueError, match="one exchange"):
+        _Exchange(controller, exchange.entry)
+
+
+def test_the_exchange_takes_a_controller_of_its_compressor_and_delegates_to_it(rng):
+    hvd.init()
+    compressor = tfcomp.DRAGONN(0.01)
+    planner = _Planner(compressor, _cluster())
+    controller = PlanController(planner, LocalCollectives(1))
+    exchange = tfcomp.GradientExchange(compressor, controller=controller)
+    assert exchange.controller is controller
+    exchange.defer_calibration()
+    assert planner.deferred and exchange.calibration_pending is False and exchange.calibration_seconds == 0.0
+    with pytest.raises(ValueError, match="not both"):
+        tfcomp.GradientExchange(compressor, controller=PlanController(planner, LocalCollectives(1)),
+                                plan=planning.dense_plan([], compressor, _cluster()))
+    with pytest.raises(ValueError, match="not this exchange's compressor"):
+        tfcomp.GradientExchange(tfcomp.DRAGONN(0.02), controller=PlanController(planner, LocalCollectives(1)))
+    variable = tf.Variable(tf.zeros([5000]))
+    gradient = tf.constant(rng.standard_normal(5000).astype(np.float32))
+    exchange([gradient], [variable])
+    assert exchange.last_entry.plan is exchange.plan and exchange.trial is None  # one worker: not tried
+
+
+def test_a_second_calibration_is_spent_only_where_a_network_could_change_the_plan():
+    """check_prediction calibrates again only where the network that alone would explain the measured
+    exchange makes a different kind of plan: for an all-dense plan measured a little late (a loaded
+    CPU) it does not; measured 50x late (the network far slower than calibrated) it does; a plan
+    that compresses may always turn dense."""
+    compressor = tfcomp.DRAGONN(0.01)
+    cluster = _cluster(cm.Network(1e-4, 10e9 / 8))
+    tensors = [(i, f"t{i}", 2**20) for i in reversed(range(4))]
+    ready = [0.0, 0.01, 0.02, 0.03]
+    dense = planning.make_plan(tensors, compressor, cluster, ready_seconds=ready)
+    assert not dense.compressed  # 10 Gbit/s: dense wins
+    predicted = planning.predicted_exchange_time(dense)
+    controller = PlanController(_Planner(compressor, cluster), LocalCollectives(WORKERS))
+    could_change = functools.partial(controller._network_could_change_the_plan, _Entry(dense, tensors, (), None))
+    assert could_change(dense, ready, 1.3 * predicted) is False
+    assert could_change(dense, ready, 0.5 * predicted) is False
+    assert could_change(dense, ready, 50.0 * predicted) is True
+    compressing = planning.make_plan(tensors, compressor, _cluster(SLOW), ready_seconds=ready)
+    assert compressing.compressed
+    assert could_change(compressing, ready, planning.predicted_exchange_time(compressing)) is True
