@@ -234,17 +234,14 @@ def test_compressors_declare_registered_strategies_dense_first():
 # Lines of tfcomp's modules other than tfcomp/strategies.py that quote a strategy's name, by module.
 QUOTING = {
     "cost_model.py": 1,  # ClusterModel's `allreduce` and `allgather` networks: collectives, not strategies
+    "exchange.py": 2,  # a gradient's kind ("dense" or "sparse") and a dense tensor's record ("allreduce")
     "planner.py": 1,  # a gradient's kind, "dense" or "sparse": not a strategy
 }
-# Modules that issue 43's split of the exchange and calibration rewrites at the same time: they may
-# still switch on names (at most these lines; each becomes the strategy object's attribute).
-PENDING = {"calibration.py": 9, "exchange.py": 5, "horovod_glue.py": 1}
 
 
 def test_strategy_names_appear_only_in_the_strategies_module():
     """tfcomp's modules switch on strategy objects, never on their names: a quoted name outside
-    tfcomp/strategies.py is a collective's or not a strategy's (`QUOTING`), or in a module still
-    being rewritten (`PENDING`)."""
+    tfcomp/strategies.py is a collective's or not a strategy's (`QUOTING`)."""
     quoted = re.compile(r"""["'](dense|allgather|allreduce|artopk|partitioned)["']""")
     package = pathlib.Path(tfcomp.__file__).parent
     found = {}
@@ -252,5 +249,4 @@ def test_strategy_names_appear_only_in_the_strategies_module():
         lines = sum(bool(quoted.search(line)) for line in path.read_text().splitlines())
         if lines and path.name != "strategies.py":
             found[str(path.relative_to(package))] = lines
-    assert {name: n for name, n in found.items() if name not in PENDING} == QUOTING
-    assert all(n <= PENDING[name] for name, n in found.items() if name in PENDING)
+    assert found == QUOTING

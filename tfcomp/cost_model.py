@@ -45,7 +45,6 @@ __all__ = [
     "Network",
     "UNMEASURED",
     "StrategyTime",
-    "available_strategies",
     "compressed_iteration",
     "horovod_dense_finish",
     "network_queue_end",
@@ -296,10 +295,6 @@ def network_queue_end(dense, collectives, cluster: ClusterModel, backward_end: f
 
 
 UNMEASURED = Network(0.0, 1e15)  # a network nobody measured: transfers on it take (almost) no time
-
-def available_strategies(compressor) -> tuple:
-    """`compressor.strategies` (`tfcomp.strategies`), for tfcomp.calibration until it reads them there."""
-    return tuple(compressor.strategies)
 
 
 _MAX_WORKERS = 2**31 - 1

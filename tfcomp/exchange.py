@@ -39,7 +39,7 @@ from tfcomp.controller import CALIBRATION_SECONDS_PER_STEP, DEPARTURE_THRESHOLD,
 from tfcomp.counters import ExchangeCounters
 from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
-from tfcomp.step import StepGraph, wire_bytes
+from tfcomp.step import StepGraph
 
 __all__ = ["COMPRESSIBLE_DTYPES", "GradientExchange", "PlanEntry", "TensorRecord", "check_predivide_factor",
            "check_tf2_mode", "exchange_of"]
@@ -78,7 +78,7 @@ def _cpu_allocator_advice(plan, tensors) -> str | None:
     if calibration.cpu_allocator() == "BFC" or tf.config.list_logical_devices("GPU"):
         return None
     largest = max([elements for _, _, elements in tensors]
-                  + [bucket.elements for bucket in plan.buckets if bucket.strategy != "dense"], default=0)
+                  + [bucket.elements for bucket in plan.buckets if bucket.strategy.compresses], default=0)
     if 4 * largest <= _MALLOC_MAPPED_BYTES:
         return None
     return (f"tfcomp: a gradient or bucket of {4 * largest / 2**20:.0f} MiB lives in CPU memory, where TensorFlow's "
@@ -349,7 +349,7 @@ class GradientExchange(tf.Module):
     # -- the plan ----------------------------------------------------------------------------------
 
     def _compressible(self, grad) -> bool:
-        return (self.compressor.collective != "dense" and not isinstance(grad, tf.IndexedSlices)
+        return (self.compressor.collective.compresses and not isinstance(grad, tf.IndexedSlices)
                 and grad.dtype in COMPRESSIBLE_DTYPES and grad.shape.is_fully_defined())
 
     def _plan_for(self, grads, keys, names) -> PlanEntry:
@@ -423,9 +423,10 @@ class GradientExchange(tf.Module):
             number, bucket = bucket_of.get(i, (-1, None))
             if isinstance(g, tf.IndexedSlices):
                 records.append(TensorRecord(name, size, "sparse allgather", dense_bytes, -1, number))
-            elif bucket is not None and bucket.strategy != "dense":
+            elif bucket is not None and bucket.strategy.compresses:
                 # The bucket's payload, shared out by elements.
-                sent = round(wire_bytes(compressor, bucket, self._collectives.size) * size / bucket.elements)
+                sent = round(bucket.strategy.wire_bytes(compressor, bucket.elements, self._collectives.size) * size
+                             / bucket.elements)
                 records.append(TensorRecord(name, size, f"{type(compressor).__name__} {bucket.strategy}",
                                             dense_bytes, sent, number))
             elif isinstance(compressor, FP16) and g.dtype.is_floating:

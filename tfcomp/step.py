@@ -46,7 +46,7 @@ from tfcomp.counters import stamp, stamps, tensor_bytes
 from tfcomp.timeline import ExchangeTimeline
 from tfcomp.trial import PlanTrial
 
-__all__ = ["StepGraph", "StepRuntime", "wire_bytes"]
+__all__ = ["StepGraph", "StepRuntime"]
 
 
 class _Payload(NamedTuple):
@@ -164,12 +164,6 @@ def _sum_stays_finite(wire, num_workers: int):
     checks = [tf.reduce_all(tf.math.is_finite(t)) & (tf.reduce_max(tf.abs(t)) * num_workers <= _FLOAT32_MAX)
               for t in wire if t.dtype.is_floating]
     return tf.reduce_all(checks) if checks else tf.constant(True)
-
-
-def wire_bytes(compressor, bucket, num_workers: int) -> int:
-    """Bytes one worker sends for a compressed bucket: its strategy's `wire_bytes` (what
-    `tfcomp.exchange` reports per tensor)."""
-    return bucket.strategy.wire_bytes(compressor, bucket.elements, num_workers)
 
 
 def _bucket_end(plan, bucket, outputs) -> tf.Tensor:

@@ -39,7 +39,7 @@ from tfcomp.calibration.compression import (CompressionFigures, compression_piec
 from tfcomp.calibration.network import measure_networks
 from tfcomp.calibration.timing import finish
 from tfcomp.collectives import broadcast_floats
-from tfcomp.cost_model import ClusterModel, available_strategies
+from tfcomp.cost_model import ClusterModel
 
 __all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "calibration_pieces",
            "compression_pieces", "cost_settings", "cpu_allocator", "finish", "measure_compression", "store_ready_times"]
@@ -56,7 +56,7 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
     the caller's `could_pay` (a callable: given the cluster with compression at those least costs,
     whether compressing could pay on it; None: measure every cost), rank 0's answer on every rank."""
     network = yield from measure_networks(process_set, max_elements)
-    if available_strategies(compressor) == ("dense",):
+    if not compressor.collective.compresses:
         return network, None, False
 
     def rank0_could_pay(lower: CompressionFigures) -> bool:

@@ -24,10 +24,11 @@ import tensorflow as tf
 from tfcomp.calibration.timing import BARRIER_NAME, finish, graph_call, without_outlying_block
 from tfcomp.collectives import LocalCollectives, allgather_rows, barrier
 from tfcomp.compressors import DEFAULT_MIN_ELEMENTS, DEFAULT_TRIAL_STEPS, DEFAULT_UNION_LIMIT
-from tfcomp.cost_model import AffineCost, ClusterModel, StrategyTime, available_strategies
+from tfcomp.cost_model import AffineCost, ClusterModel, StrategyTime
 from tfcomp.memory import ExchangeState
 from tfcomp.planning import Bucket, Plan
 from tfcomp.step import StepGraph
+from tfcomp.strategies import STRATEGIES
 
 __all__ = ["CompressionFigures", "compression_pieces", "cost_settings", "largest_compression_probe",
            "measure_compression", "merge_probe"]
@@ -45,9 +46,13 @@ _OWN_MERGE_PROBE_ELEMENTS = (_PER_TENSOR_PROBE_ELEMENTS, _ENCODE_SIZES[-1])
 _SHORT_PROBE_ROUNDS = 7
 _LONG_PROBE_ROUNDS = 3
 _MIN_LARGEST_PROBE = 2**20
-# The sparsifiers' other strategies, probed at the largest size beside the allgather: what their
-# work adds per payload slot (ClusterModel.partitioned_per_slot, artopk_per_slot).
-_OTHER_STRATEGY_PROBES = ("partitioned", "artopk")
+
+
+def _per_slot_probes(compressor) -> tuple:
+    """The compressor's strategies that have a probe of their own (`Strategy.per_slot_field`: the
+    sparsifiers' partitioned allreduce and AR-Topk), timed at the largest size beside its own
+    collective: what their work adds per payload slot."""
+    return tuple(strategy for strategy in compressor.strategies if strategy.per_slot_field is not None)
 
 
 def merge_probe(largest: int, tensor_elements=()) -> tuple:
@@ -89,7 +94,7 @@ def _exchange_probe(compressor, workers: int, buckets, strategy=None):
     tensor sizes), each compressed with `strategy` (None: the compressor's own collective), its
     collectives `LocalCollectives(workers)`: one worker's compression work in a cluster of
     `workers`, the decode of all their payloads included, nothing sent."""
-    strategy = strategy or ("allreduce" if compressor.collective == "allreduce" else "allgather")
+    strategy = strategy or compressor.collective
     sizes = [n for bucket in buckets for n in bucket]
     positions = iter(range(len(sizes)))
     plan = Plan(tuple(Bucket(tuple(next(positions) for _ in bucket), sum(bucket), strategy, StrategyTime(0.0, 0.0), 0.0)
@@ -153,10 +158,10 @@ def _compression_figures(seconds: dict, sizes, largest: int, merged: tuple, slot
     merge = max(np.median(seconds["merged"] - seconds[merged_elements]) - (len(merged) - 1) * per_tensor,
                 0.0) / merged_elements
     fixed = max(single.c0 - per_bucket - per_tensor, 0.0)
-    per_slot = {strategy: float(np.median(seconds[strategy] - seconds[largest])) / slots if strategy in seconds else 0.0
-                for strategy in _OTHER_STRATEGY_PROBES}
+    per_slot = {strategy.per_slot_field: float(np.median(seconds[strategy] - seconds[largest])) / slots
+                for strategy in STRATEGIES.values() if strategy.per_slot_field is not None and strategy in seconds}
     return CompressionFigures(AffineCost(float(per_bucket), single.c1), float(per_tensor), float(merge), float(fixed),
-                              bool(fitted), True, per_slot["partitioned"], per_slot["artopk"])
+                              bool(fitted), True, **per_slot)
 
 
 def _lower_bound_figures(times: dict, small: int, largest: int) -> CompressionFigures:
@@ -211,11 +216,12 @@ def compression_pieces(compressor, num_workers: int, max_elements: int, tensor_e
     plans = {**{n: [[n]] for n in sizes}, "buckets": [[small]] * _BUCKETS_PROBE_BUCKETS,
              "many": [[_PER_TENSOR_PROBE_ELEMENTS // _PER_TENSOR_PROBE_TENSORS] * _PER_TENSOR_PROBE_TENSORS],
              "merged": [list(merged)]}
-    for strategy in _OTHER_STRATEGY_PROBES if "partitioned" in available_strategies(compressor) else ():
+    own_probes = _per_slot_probes(compressor)
+    for strategy in own_probes:
         plans[strategy] = [[largest]]
     probes = {}
     for name, buckets in plans.items():
-        probes[name] = _exchange_probe(compressor, num_workers, buckets, name if name in _OTHER_STRATEGY_PROBES else None)
+        probes[name] = _exchange_probe(compressor, num_workers, buckets, name if name in own_probes else None)
         yield
     synchronise = None if process_set is None else barrier(process_set, BARRIER_NAME)
     # Short calls are noisy and cheap, long ones steadier and costly: each set its own rounds (the

@@ -75,8 +75,8 @@ def measure_networks(process_set, elements: int):
     # Per-tensor cost: separate allreduces in one graph, the way Horovod's optimizer sends dense
     # gradients (one allreduce each, fused by Horovod; the exchange's grouped allreduce pays less).
     small = {
-        "allreduce": tiny_allreduce,
-        "allgather": tiny_allgather,
+        "one_float_allreduce": tiny_allreduce,
+        "one_float_allgather": tiny_allgather,
         "tensors": allreduces([tf.fill([1], float(i)) for i in range(_BOOKKEEPING_TENSORS)], "tfcomp_calibration_tensor"),
     }
     ar_elements, ag_elements = network_probe_elements(elements)
@@ -92,10 +92,10 @@ def measure_networks(process_set, elements: int):
     }
     large_rounds = min(5, max(2, _LARGE_ROUNDS_ELEMENTS // ar_elements // 3))
     t = yield from without_outlying_block([(small, 5), (large, large_rounds)], synchronise, warmup=3)
-    per_tensor = max(np.median(t["tensors"] - t["allreduce"]), 0.0) / (_BOOKKEEPING_TENSORS - 1)
+    per_tensor = max(np.median(t["tensors"] - t["one_float_allreduce"]), 0.0) / (_BOOKKEEPING_TENSORS - 1)
     # Transfer times, each large collective against the tiny one of its round; the cost model adds
     # per_tensor for every tensor of a dense bucket, so it comes out of the allreduce's figures.
-    tiny_ar, tiny_ag = np.median(t["allreduce"]) - per_tensor, np.median(t["allgather"])
+    tiny_ar, tiny_ag = np.median(t["one_float_allreduce"]) - per_tensor, np.median(t["one_float_allgather"])
     large_ar = tiny_ar + np.median(t["large_allreduce"] - t["tiny_allreduce"]) - (_LARGE_PARTS - 1) * per_tensor
     large_ag = tiny_ag + np.median(t["large_allgather"] - t["tiny_allgather"])
     # ring allreduce: 2 (K-1) hops of S/K bytes; ring allgather: K-1 hops of S bytes.
