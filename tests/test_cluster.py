@@ -12,6 +12,8 @@ import pytest
 
 from benchmarks import cluster as cl
 
+pytestmark = pytest.mark.jobs  # every test here starts processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REASON = cl.cluster_unavailable_reason()
 needs_cluster = pytest.mark.skipif(REASON is not None, reason=str(REASON))

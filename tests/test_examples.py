@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers import REPO_ROOT, child_env, horovodrun
 
+pytestmark = pytest.mark.jobs  # every test here starts processes
+
 
 
 def run_example(tmp_path, *flags):

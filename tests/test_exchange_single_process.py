@@ -961,6 +961,7 @@ def test_keras_traces_the_train_function_once(rng, optimizer):
     assert all(np.all(np.isfinite(w)) for w in weights[0])
 
 
+@pytest.mark.jobs
 def test_making_a_barrier_leaves_tensorflow_unconfigured():
     # The benchmarks' workers make their barrier at import and configure TensorFlow's threads in
     # main(): a barrier that touched TensorFlow when made broke them ("Intra op parallelism cannot

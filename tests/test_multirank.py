@@ -12,6 +12,8 @@ import pytest
 from tests.helpers import REPO_ROOT, child_env, horovodrun
 from tfcomp.cost_model import ClusterModel
 
+pytestmark = pytest.mark.jobs  # every test here starts processes
+
 EXACT = 0.0
 # Sums over 3 ranks depend on the reduction order: grouped and single collectives, and Horovod's tensor
 # fusion from run to run, can cut the ring differently. All ranks still get the same result (EXACT).

@@ -18,6 +18,7 @@ def run(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.jobs
 def test_json_matches_the_formulas(rng):
     params = int(rng.integers(10**6, 10**8))
     workers = int(rng.integers(2, 64))
@@ -88,12 +89,14 @@ def test_device_fit_follows_the_measured_table(compressor, ops):
                 assert cost(d) == pytest.approx(measured, rel=0.25), (compressor, k, d)
 
 
+@pytest.mark.jobs
 def test_fast_network_and_slow_encode_choose_dense():
     out = json.loads(run("--params", "1000000", "--workers", "4", "--bandwidth", "400Gbps", "--latency", "1us",
                          "--encode-ms", "20", "--json").stdout)
     assert out["choice"] == "dense" and [b["strategy"] for b in out["plan"]["buckets"]] == ["dense"]
 
 
+@pytest.mark.jobs
 def test_spelled_as_people_write_it():
     """Units with bit/s, counts with M, compressor names in any case: the same figures."""
     usual = run("--params", "25.6M", "--bandwidth", "10Gbit/s", "--compressor", "DRAGONN", "--encode-ms", "3", "--json")
@@ -102,6 +105,7 @@ def test_spelled_as_people_write_it():
     assert json.loads(usual.stdout) == json.loads(plain.stdout)
 
 
+@pytest.mark.jobs
 def test_stock_horovod_overlaps_the_backward_pass_and_the_tfcomp_plan_does_not(rng):
     """Many tensors ready over a long backward pass on a fast network: Horovod's allreduce hides
     under it; the compressed one-bucket rows and the plan pay the backward pass in full."""
@@ -115,6 +119,7 @@ def test_stock_horovod_overlaps_the_backward_pass_and_the_tfcomp_plan_does_not(r
     assert any("backprop order in proportion" in a for a in out["assumptions"])
 
 
+@pytest.mark.jobs
 def test_overlap_slowdown_slows_what_overlaps_the_backward_pass(rng):
     """Stock Horovod's allreduce overlaps a long backward pass; with transfers 2 to 4x slower beside
     it, it ends later, while the one-bucket rows, which start after the pass, do not change."""
@@ -138,6 +143,7 @@ def test_overlap_slowdown_slows_what_overlaps_the_backward_pass(rng):
     assert finish == pytest.approx(first + cm.ring_allreduce(4, 2, net))
 
 
+@pytest.mark.jobs
 def test_profile_ready_times_drive_the_horovod_replay(tmp_path, rng):
     """A profile's ready_ms (variable order) are the gradients' ready times: the last one ready
     bounds stock Horovod's step from below, whatever order they come in."""
@@ -154,6 +160,7 @@ def test_profile_ready_times_drive_the_horovod_replay(tmp_path, rng):
     assert out["assumptions"][1] == "gradients ready at the profile's ready_ms"
 
 
+@pytest.mark.jobs
 def test_measure_here_times_compression_on_this_machine_and_plot_is_drawn(tmp_path):
     plot = tmp_path / "whatif.png"
     result = run("--params", "300000", "--workers", "2", "--bandwidth", "1Gbps", "--compressor", "topk",
@@ -168,6 +175,7 @@ def test_measure_here_times_compression_on_this_machine_and_plot_is_drawn(tmp_pa
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.jobs
 def test_predicting_imports_neither_tensorflow_nor_horovod(tmp_path):
     """--help and a prediction from given costs (with a plot) stay off TensorFlow and Horovod: only
     --measure-here needs them."""
@@ -189,6 +197,7 @@ def test_without_compression_costs_it_asks_for_them(capsys):
     assert "say what compression costs on your devices: --encode-ms" in capsys.readouterr().err
 
 
+@pytest.mark.jobs
 def test_profile_of_a_keras_model(tmp_path):
     import tensorflow as tf
 
@@ -201,6 +210,7 @@ def test_profile_of_a_keras_model(tmp_path):
     assert "2,011,010 float32 gradients" in result.stdout and "tfcomp plan for" in result.stdout
 
 
+@pytest.mark.jobs
 def test_profile_with_measured_step_times(tmp_path):
     """save_profile with a batch times the step here: every gradient ready after the forward pass (0 at
     the earliest), the last layer before the first, the last at the backward pass's end; the what-if
@@ -274,6 +284,7 @@ def test_bad_arguments_exit_non_zero_with_one_line(capsys, args, message):
     assert len(lines) == 1 and lines[0].startswith("whatif: error: ") and message in lines[0], captured.err
 
 
+@pytest.mark.jobs
 def test_bad_arguments_from_the_command_line():
     result = run("--params", "100", "--bandwidth", "-5Mbps")
     assert result.returncode == 2 and result.stdout == ""
