@@ -97,7 +97,7 @@ def test_bad_size_is_caught_before_the_op(size, error, message):
     [
         (np.array([0, 2**32], np.int64), ValueError, r"indices must be in \[-2147483648, 2147483647\], got 4294967296 at flat position 1"),
         ([1, -(2**40)], ValueError, r"indices must be in \[-2147483648, 2147483647\], got -1099511627776 at flat position 1"),
-        (np.array([0.0, 1.0]), TypeError, r"indices must be integers \(int32\), got array\(\[0., 1.\]\)"),
+        (np.array([0.0, 1.0]), TypeError, r"indices must be integers \(int32\), got a float64 array of shape \(2,\)"),
     ],
 )
 def test_indices_that_tensorflow_would_wrap_are_caught_before_the_op(indices, error, message):

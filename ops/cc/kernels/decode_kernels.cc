@@ -89,19 +89,20 @@ namespace {
 
 // values [n] T, indices [n] int32 -> dense [size] T.
 template <typename Device, typename T>
-class SparseBatchedDecodeOp : public ::tensorflow::OpKernel {
+class SparseBatchedDecodeOp : public ScratchOpKernel {
  public:
-  explicit SparseBatchedDecodeOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+  explicit SparseBatchedDecodeOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("size", &size_));
     OP_REQUIRES_OK(context, CheckLengthAttr("size", size_));
   }
 
-  void Compute(OpKernelContext* context) override {
+ protected:
+  void ComputeWithScratch(OpKernelContext* context) override {
     const Tensor& values = context->input(0);
     const Tensor& indices = context->input(1);
     OP_REQUIRES_OK(context, CheckDecodePairs(values, indices));
     Tensor* dense = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, {size_}, &dense));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output(0, {size_}, &dense), "size", size_));
     int64_t bad_position = -1;
     int32_t bad_index = 0;
     OP_REQUIRES_OK(context,

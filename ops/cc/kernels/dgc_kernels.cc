@@ -56,22 +56,23 @@ namespace {
 
 // grad: any shape, T; threshold: float32 scalar -> values [max_out] T, indices [max_out] int32.
 template <typename Device, typename T>
-class DgcCompressOp : public ::tensorflow::OpKernel {
+class DgcCompressOp : public ScratchOpKernel {
  public:
-  explicit DgcCompressOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+  explicit DgcCompressOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("max_out", &max_out_));
     OP_REQUIRES_OK(context, CheckLengthAttr("max_out", max_out_));
   }
 
-  void Compute(OpKernelContext* context) override {
+ protected:
+  void ComputeWithScratch(OpKernelContext* context) override {
     const Tensor& grad = context->input(0);
     const Tensor& threshold = context->input(1);
     OP_REQUIRES_OK(context, CheckThreshold(threshold, kScalarsOnHost<Device>));
     OP_REQUIRES_OK(context, CheckIndexable(grad));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, {max_out_}, &values));
-    OP_REQUIRES_OK(context, context->allocate_output(1, {max_out_}, &indices));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output(0, {max_out_}, &values), "max_out", max_out_));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output(1, {max_out_}, &indices), "max_out", max_out_));
     OP_REQUIRES_OK(context, DgcCompressLauncher<Device, T>()(context, grad, threshold, values, indices));
   }
 

@@ -54,7 +54,8 @@ struct DragonnCompressLauncher<CpuDevice, T> {
     for (const auto& words : word_lists) num_words += words.size();
 
     Tensor slots_tensor;
-    TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_UINT64, {num_slots}, &slots_tensor));
+    TF_RETURN_IF_ERROR(NameLengthAttr(context->allocate_temp(::tensorflow::DT_UINT64, {num_slots}, &slots_tensor),
+                                      "num_slots", num_slots));
     uint64_t* slots = reinterpret_cast<uint64_t*>(slots_tensor.flat<::tensorflow::uint64>().data());
     std::fill(slots, slots + num_slots, 0);
     const int64_t owners = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(context), num_slots / 1024));
@@ -83,14 +84,15 @@ namespace {
 // scalar; seed: int64 scalar; addend: none, or one float32 tensor per grad tensor of its shape ->
 // values [num_slots] T, indices [num_slots] int32, sum: one tensor per addend, grad + addend.
 template <typename Device, typename T>
-class DragonnCompressOp : public ::tensorflow::OpKernel {
+class DragonnCompressOp : public ScratchOpKernel {
  public:
-  explicit DragonnCompressOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+  explicit DragonnCompressOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("num_slots", &num_slots_));
     OP_REQUIRES_OK(context, CheckLengthAttr("num_slots", num_slots_));
   }
 
-  void Compute(OpKernelContext* context) override {
+ protected:
+  void ComputeWithScratch(OpKernelContext* context) override {
     const Tensor* threshold = nullptr;
     const Tensor* seed = nullptr;
     OP_REQUIRES_OK(context, context->input("threshold", &threshold));
@@ -102,8 +104,10 @@ class DragonnCompressOp : public ::tensorflow::OpKernel {
     OP_REQUIRES_OK(context, ReadGradientParts<T>(context, "sum", &parts, &total));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output("values", {num_slots_}, &values));
-    OP_REQUIRES_OK(context, context->allocate_output("indices", {num_slots_}, &indices));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output("values", {num_slots_}, &values), "num_slots",
+                                           num_slots_));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output("indices", {num_slots_}, &indices), "num_slots",
+                                           num_slots_));
     OP_REQUIRES_OK(context,
                    DragonnCompressLauncher<Device, T>()(context, parts, total, *threshold, *seed, values, indices,
                                                         &kept_scratch_));

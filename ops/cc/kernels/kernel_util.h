@@ -1,10 +1,14 @@
-// Helpers shared by the op kernels: dtype formats (every device) and thread sharding (CPU launchers).
+// Helpers shared by the op kernels: dtype formats (every device), thread sharding (CPU launchers) and
+// allocation failures turned into errors (every device).
 #ifndef TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
 #define TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "ops/cc/kernels/checks.h"
@@ -12,8 +16,40 @@
 #include "ops/cc/lib/parts.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow/core/platform/status.h"
 
 namespace tfcomp {
+
+// The base of the OpKernels whose launchers keep scratch in std::vectors: Compute runs the kernel's
+// ComputeWithScratch and turns a failed host allocation (std::bad_alloc) into a ResourceExhausted
+// error of the op. TensorFlow catches no exception: one reaching it ends the process.
+class ScratchOpKernel : public ::tensorflow::OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(::tensorflow::OpKernelContext* context) final {
+    try {
+      ComputeWithScratch(context);
+    } catch (const std::bad_alloc&) {
+      context->SetStatus(::tensorflow::errors::ResourceExhausted(
+          type_string(), ": out of host memory for the kernel's scratch (the inputs are too large for the "
+          "memory this process may use)"));
+    }
+  }
+
+ protected:
+  virtual void ComputeWithScratch(::tensorflow::OpKernelContext* context) = 0;
+};
+
+// `status` of allocating memory whose size the length attribute `attr` (of value `length`) decides: a
+// failure becomes an error that names the attribute and its value.
+inline ::tensorflow::Status NameLengthAttr(const ::tensorflow::Status& status, const char* attr, int64_t length) {
+  if (status.ok()) return status;
+  return ::tensorflow::Status(status.code(), std::string(attr) + " = " + std::to_string(length) +
+                                                 " asks for more memory than this process can allocate: " +
+                                                 std::string(status.message()));
+}
 
 template <typename T>
 struct FormatOf;
@@ -59,15 +95,24 @@ inline void ParallelForBlocks(::tensorflow::OpKernelContext* context, int64_t to
 // Runs collect(begin, end, &list) over [0, total) in blocks of block_size elements on the intra-op
 // threads, each thread appending to the list of the shard of blocks it was given. Returns the lists
 // in block order (some empty): their concatenation is what one thread scanning in order would append.
+// A list that cannot grow (std::bad_alloc on a pool thread, where nothing would catch it) is thrown
+// again on the calling thread, once every shard has returned (for ScratchOpKernel).
 template <typename Item, typename Collect>
 std::vector<std::vector<Item>> CollectInBlocks(::tensorflow::OpKernelContext* context, int64_t total,
                                                int64_t block_size, const Collect& collect) {
   std::vector<std::vector<Item>> lists((total + block_size - 1) / block_size);
+  std::atomic<bool> out_of_memory{false};
   ParallelForBlocks(context, total, block_size, /*cost_per_element=*/1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      collect(b * block_size, std::min(total, (b + 1) * block_size), &lists[first]);
+    try {
+      for (int64_t b = first; b < last; ++b) {
+        collect(b * block_size, std::min(total, (b + 1) * block_size), &lists[first]);
+      }
+    } catch (const std::bad_alloc&) {
+      std::vector<Item>().swap(lists[first]);
+      out_of_memory = true;
     }
   });
+  if (out_of_memory) throw std::bad_alloc();
   return lists;
 }
 

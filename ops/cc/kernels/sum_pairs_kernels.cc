@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "ops/cc/kernels/checks.h"
+#include "ops/cc/kernels/kernel_util.h"
 #include "ops/cc/kernels/launchers.h"
 #include "ops/cc/lib/sum_pairs.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -39,14 +40,15 @@ namespace {
 
 // rows [n, 2] int32 -> sums [m, 2] int32.
 template <typename Device>
-class SumPairsOp : public ::tensorflow::OpKernel {
+class SumPairsOp : public ScratchOpKernel {
  public:
-  explicit SumPairsOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+  explicit SumPairsOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("max_pairs", &max_pairs_));
     OP_REQUIRES_OK(context, CheckMaxPairs(max_pairs_));
   }
 
-  void Compute(OpKernelContext* context) override {
+ protected:
+  void ComputeWithScratch(OpKernelContext* context) override {
     const Tensor& rows = context->input(0);
     OP_REQUIRES_OK(context, CheckPairRows(rows));
     int64_t bad_row = -1;

@@ -71,13 +71,14 @@ namespace {
 // float32 scalar in (0, 1] (host memory); seed: int64 scalar; addend: none, or one float32 tensor
 // per grad tensor of its shape -> threshold: float32 scalar.
 template <typename Device, typename T>
-class EstimateThresholdOp : public ::tensorflow::OpKernel {
+class EstimateThresholdOp : public ScratchOpKernel {
  public:
-  explicit EstimateThresholdOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+  explicit EstimateThresholdOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("num_samples", &num_samples_));
   }
 
-  void Compute(OpKernelContext* context) override {
+ protected:
+  void ComputeWithScratch(OpKernelContext* context) override {
     const Tensor* ratio_tensor = nullptr;
     const Tensor* seed = nullptr;
     OP_REQUIRES_OK(context, context->input("ratio", &ratio_tensor));

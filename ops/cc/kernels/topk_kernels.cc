@@ -55,14 +55,15 @@ namespace {
 
 // grad: any shape with >= k elements, T -> values [k] T, indices [k] int32 (increasing).
 template <typename Device, typename T>
-class TopkCompressOp : public ::tensorflow::OpKernel {
+class TopkCompressOp : public ScratchOpKernel {
  public:
-  explicit TopkCompressOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+  explicit TopkCompressOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("k", &k_));
     OP_REQUIRES_OK(context, CheckLengthAttr("k", k_));
   }
 
-  void Compute(OpKernelContext* context) override {
+ protected:
+  void ComputeWithScratch(OpKernelContext* context) override {
     const Tensor& grad = context->input(0);
     OP_REQUIRES_OK(context, CheckIndexable(grad));
     OP_REQUIRES_OK(context, CheckTopkK(grad, k_));

@@ -310,6 +310,7 @@ REGISTER_OP("Tfcomp>HashPartition")
       TF_RETURN_IF_ERROR(RequireRank(c, 1, "indices", 1));
       int64_t num_parts;
       TF_RETURN_IF_ERROR(c->GetAttr("num_parts", &num_parts));
+      TF_RETURN_IF_ERROR(CheckNumParts(num_parts));
       c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, 2));
       c->set_output(1, c->Vector(num_parts));
       return ::tensorflow::OkStatus();
@@ -322,6 +323,7 @@ Pairs with index -1 (empty slots) are dropped; an index < -1 is an InvalidArgume
 
 values: [m] float32.
 indices: [m] int32, -1 or a flat index >= 0.
+num_parts: the number of owners (ranks), 1 to 2^20 (splits holds one int32 per owner).
 rows: [n, 2] int32: (index, the float32 bits of its value) of the n pairs with index >= 0, owner 0's
   first, then owner 1's, ..., in input order within an owner.
 splits: [num_parts] int32: how many rows each owner gets.
