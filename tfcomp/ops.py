@@ -161,10 +161,10 @@ def _kind(value) -> str | None:
 
 def _given(value) -> str:
     """What an argument was, for an error: a tensor's or array's dtype and shape, else its repr."""
-    if tf.is_tensor(value):
-        return f"a {value.dtype.name} tensor of shape {value.shape}"
-    if isinstance(value, (np.ndarray, np.generic)):
-        return f"a {value.dtype.name} array of shape {value.shape}"
+    if tf.is_tensor(value) or isinstance(value, (np.ndarray, np.generic)):
+        dtype = value.dtype.name
+        kind = "tensor" if tf.is_tensor(value) else "array"
+        return f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} {kind} of shape {value.shape}"
     shown = repr(value)
     return shown if len(shown) <= 80 else f"{shown[:60]}... ({type(value).__name__})"
 
@@ -410,7 +410,13 @@ def sparse_batched_decode(values, indices, size: int, name: str | None = None) -
     """Sums (value, index) pairs into a dense vector in one pass (004 Sec. 4.3).
 
     Pass the concatenated payloads of all K workers to decode them with one op instead of K dense
-    decodes and a sum. Index -1 is skipped; duplicate indices add up.
+    decodes and a sum. Index -1 is skipped; duplicate indices add up, in pair order, from 0.
+
+    Subnormal sums are flushed to zero on the CPU: float32 and bfloat16 add in float32 under
+    TensorFlow's floating-point mode (FTZ and DAZ), so a value of magnitude below 2^-126 (1.18e-38)
+    adds as a zero of its sign and a partial or final sum that lands below it becomes a zero of its
+    sign (1.5e-38 + -1.4e-38 gives +0; -1.5e-38 + 1.4e-38 gives -0). float16 keeps its subnormals
+    (they are normal float32 values). The GPU kernel does not flush.
 
     Args:
       values: [n] float32, float16 or bfloat16.

@@ -49,7 +49,8 @@ struct SparseBatchedDecodeLauncher<CpuDevice, T> {
 
     // 2. Exclusive prefix sum in (chunk, range) order turns counts into cursors, so that the sort is
     //    stable: within a chunk, pairs keep their order. chunk_start[c] is where chunk c begins.
-    std::vector<int64_t> chunk_start(num_chunks + 1);
+    std::vector<int64_t> chunk_start;
+    TF_RETURN_IF_ERROR(HostScratch("the chunks' starts", [&] { chunk_start.resize(num_chunks + 1); }));
     int64_t total = 0;
     for (int64_t c = 0; c < num_chunks; ++c) {
       chunk_start[c] = total;
@@ -89,15 +90,14 @@ namespace {
 
 // values [n] T, indices [n] int32 -> dense [size] T.
 template <typename Device, typename T>
-class SparseBatchedDecodeOp : public ScratchOpKernel {
+class SparseBatchedDecodeOp : public ::tensorflow::OpKernel {
  public:
-  explicit SparseBatchedDecodeOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
+  explicit SparseBatchedDecodeOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("size", &size_));
     OP_REQUIRES_OK(context, CheckLengthAttr("size", size_));
   }
 
- protected:
-  void ComputeWithScratch(OpKernelContext* context) override {
+  void Compute(OpKernelContext* context) override {
     const Tensor& values = context->input(0);
     const Tensor& indices = context->input(1);
     OP_REQUIRES_OK(context, CheckDecodePairs(values, indices));

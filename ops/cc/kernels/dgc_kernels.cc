@@ -30,10 +30,13 @@ struct DgcCompressLauncher<CpuDevice, T> {
 
     // Each shard of blocks collects its selected indices in order (at most max_out); the lists are
     // then joined in order, which gives the first max_out selected indices of the tensor in one pass.
-    const std::vector<std::vector<int32_t>> selected = CollectInBlocks<int32_t>(
-        context, size, kCollectBlock, [&](int64_t begin, int64_t end, std::vector<int32_t>* block_indices) {
+    std::vector<std::vector<int32_t>> selected;
+    TF_RETURN_IF_ERROR(CollectInBlocks<int32_t>(
+        context, size, kCollectBlock,
+        [&](int64_t begin, int64_t end, std::vector<int32_t>* block_indices) {
           DgcCollectRange<Format>(g, begin, end, threshold_key, max_out, block_indices);
-        });
+        },
+        &selected));
 
     T* out_values = values->flat<T>().data();
     int32_t* out_indices = indices->flat<int32_t>().data();
@@ -56,15 +59,14 @@ namespace {
 
 // grad: any shape, T; threshold: float32 scalar -> values [max_out] T, indices [max_out] int32.
 template <typename Device, typename T>
-class DgcCompressOp : public ScratchOpKernel {
+class DgcCompressOp : public ::tensorflow::OpKernel {
  public:
-  explicit DgcCompressOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
+  explicit DgcCompressOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("max_out", &max_out_));
     OP_REQUIRES_OK(context, CheckLengthAttr("max_out", max_out_));
   }
 
- protected:
-  void ComputeWithScratch(OpKernelContext* context) override {
+  void Compute(OpKernelContext* context) override {
     const Tensor& grad = context->input(0);
     const Tensor& threshold = context->input(1);
     OP_REQUIRES_OK(context, CheckThreshold(threshold, kScalarsOnHost<Device>));

@@ -33,7 +33,8 @@ struct DragonnCompressLauncher<CpuDevice, T> {
     // the slot words of its selected elements (no shared writes, so nothing stalls the streaming
     // read). Phase 2: each thread owns a range of slots and keeps the largest word hashed into each
     // of its slots.
-    const std::vector<std::vector<uint64_t>> word_lists = CollectInBlocks<uint64_t>(
+    std::vector<std::vector<uint64_t>> word_lists;
+    TF_RETURN_IF_ERROR(CollectInBlocks<uint64_t>(
         context, total, kHashBlock, [&](int64_t begin, int64_t end, std::vector<uint64_t>* words) {
           for (int p = PartAt(parts.data(), static_cast<int>(parts.size()), begin);
                p < static_cast<int>(parts.size()) && parts[p].offset < end; ++p) {
@@ -49,7 +50,8 @@ struct DragonnCompressLauncher<CpuDevice, T> {
             }
             DragonnCollectRange<Format>(part.grad, first, last, threshold_key, words, part.offset);
           }
-        });
+        },
+        &word_lists));
     int64_t num_words = 0;
     for (const auto& words : word_lists) num_words += words.size();
 
@@ -84,15 +86,14 @@ namespace {
 // scalar; seed: int64 scalar; addend: none, or one float32 tensor per grad tensor of its shape ->
 // values [num_slots] T, indices [num_slots] int32, sum: one tensor per addend, grad + addend.
 template <typename Device, typename T>
-class DragonnCompressOp : public ScratchOpKernel {
+class DragonnCompressOp : public ::tensorflow::OpKernel {
  public:
-  explicit DragonnCompressOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
+  explicit DragonnCompressOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("num_slots", &num_slots_));
     OP_REQUIRES_OK(context, CheckLengthAttr("num_slots", num_slots_));
   }
 
- protected:
-  void ComputeWithScratch(OpKernelContext* context) override {
+  void Compute(OpKernelContext* context) override {
     const Tensor* threshold = nullptr;
     const Tensor* seed = nullptr;
     OP_REQUIRES_OK(context, context->input("threshold", &threshold));

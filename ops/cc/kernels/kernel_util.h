@@ -1,5 +1,5 @@
 // Helpers shared by the op kernels: dtype formats (every device), thread sharding (CPU launchers) and
-// allocation failures turned into errors (every device).
+// host scratch whose allocation failure is an error (every device).
 #ifndef TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
 #define TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
 
@@ -21,26 +21,25 @@
 
 namespace tfcomp {
 
-// The base of the OpKernels whose launchers keep scratch in std::vectors: Compute runs the kernel's
-// ComputeWithScratch and turns a failed host allocation (std::bad_alloc) into a ResourceExhausted
-// error of the op. TensorFlow catches no exception: one reaching it ends the process.
-class ScratchOpKernel : public ::tensorflow::OpKernel {
- public:
-  using OpKernel::OpKernel;
+// Runs `allocate`, which sizes host scratch (std::vectors) of a launcher, and returns OK, or a
+// ResourceExhausted error naming `what` where host memory runs out (std::bad_alloc). Only tfcomp's
+// own allocations may run inside: TensorFlow's code is built without exceptions, so a std::bad_alloc
+// thrown through it can leave its allocator locked; its allocate_output and allocate_temp report a
+// failure as a status instead.
+inline ::tensorflow::Status OutOfHostMemory(const char* what) {
+  return ::tensorflow::errors::ResourceExhausted("out of host memory for ", what,
+                                                 " (the inputs are too large for the memory this process may use)");
+}
 
-  void Compute(::tensorflow::OpKernelContext* context) final {
-    try {
-      ComputeWithScratch(context);
-    } catch (const std::bad_alloc&) {
-      context->SetStatus(::tensorflow::errors::ResourceExhausted(
-          type_string(), ": out of host memory for the kernel's scratch (the inputs are too large for the "
-          "memory this process may use)"));
-    }
+template <typename Allocate>
+::tensorflow::Status HostScratch(const char* what, const Allocate& allocate) {
+  try {
+    allocate();
+  } catch (const std::bad_alloc&) {
+    return OutOfHostMemory(what);
   }
-
- protected:
-  virtual void ComputeWithScratch(::tensorflow::OpKernelContext* context) = 0;
-};
+  return ::tensorflow::OkStatus();
+}
 
 // `status` of allocating memory whose size the length attribute `attr` (of value `length`) decides: a
 // failure becomes an error that names the attribute and its value.
@@ -93,27 +92,30 @@ inline void ParallelForBlocks(::tensorflow::OpKernelContext* context, int64_t to
 }
 
 // Runs collect(begin, end, &list) over [0, total) in blocks of block_size elements on the intra-op
-// threads, each thread appending to the list of the shard of blocks it was given. Returns the lists
-// in block order (some empty): their concatenation is what one thread scanning in order would append.
-// A list that cannot grow (std::bad_alloc on a pool thread, where nothing would catch it) is thrown
-// again on the calling thread, once every shard has returned (for ScratchOpKernel).
+// threads, each thread appending to the list of the shard of blocks it was given. Fills *lists with
+// the lists in block order (some empty): their concatenation is what one thread scanning in order would
+// append. Where a list cannot grow (std::bad_alloc on a pool thread, which nothing else would catch),
+// the lists are dropped and the status is ResourceExhausted.
 template <typename Item, typename Collect>
-std::vector<std::vector<Item>> CollectInBlocks(::tensorflow::OpKernelContext* context, int64_t total,
-                                               int64_t block_size, const Collect& collect) {
-  std::vector<std::vector<Item>> lists((total + block_size - 1) / block_size);
+::tensorflow::Status CollectInBlocks(::tensorflow::OpKernelContext* context, int64_t total, int64_t block_size,
+                                     const Collect& collect, std::vector<std::vector<Item>>* lists) {
+  constexpr const char* kWhat = "the lists of selected elements";
+  TF_RETURN_IF_ERROR(HostScratch(kWhat, [&] { lists->assign((total + block_size - 1) / block_size, {}); }));
   std::atomic<bool> out_of_memory{false};
   ParallelForBlocks(context, total, block_size, /*cost_per_element=*/1, [&](int64_t first, int64_t last) {
-    try {
+    const ::tensorflow::Status status = HostScratch(kWhat, [&] {
       for (int64_t b = first; b < last; ++b) {
-        collect(b * block_size, std::min(total, (b + 1) * block_size), &lists[first]);
+        collect(b * block_size, std::min(total, (b + 1) * block_size), &(*lists)[first]);
       }
-    } catch (const std::bad_alloc&) {
-      std::vector<Item>().swap(lists[first]);
+    });
+    if (!status.ok()) {
+      std::vector<Item>().swap((*lists)[first]);
       out_of_memory = true;
     }
   });
-  if (out_of_memory) throw std::bad_alloc();
-  return lists;
+  if (!out_of_memory) return ::tensorflow::OkStatus();
+  std::vector<std::vector<Item>>().swap(*lists);
+  return OutOfHostMemory(kWhat);
 }
 
 // The op's `grad` input list and its `addend` list as the parts of one gradient (the grad tensors'

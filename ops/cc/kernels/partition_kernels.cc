@@ -1,6 +1,5 @@
 // Tfcomp>HashPartition: the OpKernel and its CPU launcher.
 #include "ops/cc/kernels/checks.h"
-#include "ops/cc/kernels/kernel_util.h"
 #include "ops/cc/kernels/launchers.h"
 #include "ops/cc/lib/partition.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -34,17 +33,16 @@ namespace {
 // values [m] float32, indices [m] int32 -> rows [n, 2] int32, splits [num_parts] int32. Memory and
 // time: the outputs and O(m + num_parts) on the CPU (the GPU launcher keeps per-chunk counters).
 template <typename Device>
-class HashPartitionOp : public ScratchOpKernel {
+class HashPartitionOp : public ::tensorflow::OpKernel {
  public:
-  explicit HashPartitionOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
+  explicit HashPartitionOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
     int64_t num_parts = 0;
     OP_REQUIRES_OK(context, context->GetAttr("num_parts", &num_parts));
     OP_REQUIRES_OK(context, CheckNumParts(num_parts));
     num_parts_ = static_cast<int32_t>(num_parts);
   }
 
- protected:
-  void ComputeWithScratch(OpKernelContext* context) override {
+  void Compute(OpKernelContext* context) override {
     const Tensor& values = context->input(0);
     const Tensor& indices = context->input(1);
     OP_REQUIRES_OK(context, CheckDecodePairs(values, indices));

@@ -24,15 +24,20 @@ struct SumPairsLauncher<CpuDevice> {
       *bad_index = in[2 * *bad_row];
       return ::tensorflow::OkStatus();
     }
-    std::vector<uint64_t> keyed(n), scratch(n);
-    std::vector<int32_t> sums(2 * n);
+    std::vector<uint64_t> keyed, scratch;
+    std::vector<int32_t> sums;
+    TF_RETURN_IF_ERROR(HostScratch("the sort of the rows", [&] {
+      keyed.resize(n);
+      scratch.resize(n);
+      sums.resize(2 * n);
+    }));
     SortRowsByIndex(in, n, keyed.data(), scratch.data());
     const int64_t distinct = SumRowsPerIndex(in, n, keyed.data(), sums.data());
     const int64_t kept = max_pairs < 0 ? distinct : std::min(distinct, max_pairs);
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(context->allocate_output(0, {kept, 2}, &out));
-    KeepSmallestKeys(sums.data(), distinct, kept, out->flat<int32_t>().data());
-    return ::tensorflow::OkStatus();
+    return HostScratch("the selection of the kept sums",
+                       [&] { KeepSmallestKeys(sums.data(), distinct, kept, out->flat<int32_t>().data()); });
   }
 };
 
@@ -40,15 +45,14 @@ namespace {
 
 // rows [n, 2] int32 -> sums [m, 2] int32.
 template <typename Device>
-class SumPairsOp : public ScratchOpKernel {
+class SumPairsOp : public ::tensorflow::OpKernel {
  public:
-  explicit SumPairsOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
+  explicit SumPairsOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("max_pairs", &max_pairs_));
     OP_REQUIRES_OK(context, CheckMaxPairs(max_pairs_));
   }
 
- protected:
-  void ComputeWithScratch(OpKernelContext* context) override {
+  void Compute(OpKernelContext* context) override {
     const Tensor& rows = context->input(0);
     OP_REQUIRES_OK(context, CheckPairRows(rows));
     int64_t bad_row = -1;

@@ -31,7 +31,8 @@ struct EstimateThresholdLauncher<CpuDevice, T> {
     // Sample positions (in the parts' joint index space) are computed a block ahead of the loads and
     // mapped to their part, and the loads prefetched, so that the cache and TLB misses of many
     // samples overlap. Positions increase within a block, so the part only moves forward.
-    std::vector<BitsOf<T>> keys(n);
+    std::vector<BitsOf<T>> keys;
+    TF_RETURN_IF_ERROR(HostScratch("the samples", [&] { keys.resize(n); }));
     ParallelForBlocks(context, n, kSampleBlock, /*cost_per_element=*/50, [&](int64_t first, int64_t last) {
       const BitsOf<T>* grads[kSampleBlock];
       const BitsOf<T>* addends[kSampleBlock];
@@ -71,14 +72,13 @@ namespace {
 // float32 scalar in (0, 1] (host memory); seed: int64 scalar; addend: none, or one float32 tensor
 // per grad tensor of its shape -> threshold: float32 scalar.
 template <typename Device, typename T>
-class EstimateThresholdOp : public ScratchOpKernel {
+class EstimateThresholdOp : public ::tensorflow::OpKernel {
  public:
-  explicit EstimateThresholdOp(::tensorflow::OpKernelConstruction* context) : ScratchOpKernel(context) {
+  explicit EstimateThresholdOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("num_samples", &num_samples_));
   }
 
- protected:
-  void ComputeWithScratch(OpKernelContext* context) override {
+  void Compute(OpKernelContext* context) override {
     const Tensor* ratio_tensor = nullptr;
     const Tensor* seed = nullptr;
     OP_REQUIRES_OK(context, context->input("ratio", &ratio_tensor));
