@@ -142,6 +142,13 @@ def test_subnormal_values_and_sums_are_flushed_to_zero(dtype):
     assert np.all(exact != expected.astype(np.float64))  # each case loses something to the flush
 
 
+def test_the_docs_say_what_the_subnormal_tests_check():
+    """The wrapper's docstring and the op's registered doc state the flush the tests above check."""
+    for doc in (ops.sparse_batched_decode.__doc__, ops.load_library().tfcomp_sparse_batched_decode.__doc__):
+        flat = " ".join(doc.split())
+        assert "flush" in flat and "2^-126" in flat and "float16 keeps its subnormals" in flat, flat
+
+
 def test_float16_keeps_its_subnormals():
     """float16's subnormals (down to 2^-24 = 6e-8) are normal float32 values: sums there stay."""
     values = np.array([1e-5, -5e-6, 6e-8, 3e-5, -3e-5 + 1e-7], np.float16)

@@ -212,11 +212,11 @@ Sparse batched decoding (004 Sec. 4.3): the dense sum of all (value, index) pair
 concatenated payloads of K workers, in one pass. Index -1 is skipped; duplicate indices add up, in
 pair order, from 0. An index < -1 or >= size is an InvalidArgument error and nothing is written.
 
-Subnormals: on the CPU, float32 and bfloat16 add in float32 under TensorFlow's floating-point mode,
-which flushes denormals to zero (FTZ and DAZ): a value of magnitude below 2^-126 (1.18e-38) adds as
+Subnormal sums are flushed to zero on the CPU, where float32 and bfloat16 add in float32 under
+TensorFlow's floating-point mode (FTZ and DAZ): a value of magnitude below 2^-126 (1.18e-38) adds as
 a zero of its sign, and a sum (partial or final) that lands below it becomes a zero of its sign, so
-1.5e-38 + -1.4e-38 gives +0 and -1.5e-38 + 1.4e-38 gives -0. float16's subnormals are normal float32
-values and are kept. The GPU kernel does not flush: it keeps float32 and bfloat16 subnormals.
+1.5e-38 + -1.4e-38 gives +0 and -1.5e-38 + 1.4e-38 gives -0. float16 keeps its subnormals (they are
+normal float32 values). The GPU kernel does not flush: it keeps float32 and bfloat16 subnormals.
 
 values: [n], float32, float16 or bfloat16.
 indices: [n] int32.
