@@ -21,16 +21,17 @@
 
 namespace tfcomp {
 
-// Runs `allocate`, which sizes host scratch (std::vectors) of a launcher, and returns OK, or a
-// ResourceExhausted error naming `what` where host memory runs out (std::bad_alloc). Only tfcomp's
-// own allocations may run inside: TensorFlow's code is built without exceptions, so a std::bad_alloc
-// thrown through it can leave its allocator locked; its allocate_output and allocate_temp report a
-// failure as a status instead.
+// The error of a launcher whose host scratch `what` could not be allocated.
 inline ::tensorflow::Status OutOfHostMemory(const char* what) {
   return ::tensorflow::errors::ResourceExhausted("out of host memory for ", what,
                                                  " (the inputs are too large for the memory this process may use)");
 }
 
+// Runs `allocate`, which sizes host scratch (std::vectors) of a launcher, and returns OK, or
+// OutOfHostMemory(what) where host memory runs out (std::bad_alloc). Only tfcomp's own code may run
+// inside: TensorFlow's is built without exceptions, so a std::bad_alloc thrown through it can leave
+// its allocator locked (a later allocation then waits forever); its allocate_output and allocate_temp
+// report a failure as a status instead.
 template <typename Allocate>
 ::tensorflow::Status HostScratch(const char* what, const Allocate& allocate) {
   try {
