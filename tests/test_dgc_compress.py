@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tests import numpy_reference as ref
 from tests.helpers import SHAPES, assert_same_bits, quantile_threshold, random_gradient
+from tests.op_child import run_in_child
 from tfcomp import ops
 
 
@@ -61,6 +62,23 @@ def test_bad_arguments(rng, kwargs, error, message):
     with pytest.raises(error, match=message):
         ops.dgc_compress(**args)
 
+
+def test_selected_indices_beyond_the_memory_are_an_error_not_an_abort():
+    """2^25 elements, every one selected, max_out 2^16, within 64 MiB more, on two intra-op threads:
+    the lists of selected indices that the pool threads collect outgrow the memory, and a pool
+    thread's std::bad_alloc ended the process (std::terminate). Now the process lives on: the kernel
+    reports its own allocation failure as ResourceExhausted, and one of TensorFlow's or Python's
+    comes up as a MemoryError (in a child process whose address space is limited). Where everything
+    fits, the payload must be right."""
+    n, max_out = 2**25, 2**16
+    check = f"ops.dgc_compress(grad, 0.5, {max_out})[1].numpy()[::4096].tolist() == list(range(0, {max_out}, 4096))"
+    record = run_in_child(check, budget_mib=64, setup=f"grad = tf.ones([{n}])")
+    assert record["outcome"] in ("returned", "raised"), record
+    if record["outcome"] == "returned":
+        assert record["value"] is True, record
+    elif record["error"] != "MemoryError":
+        assert record["error"] == "ResourceExhaustedError", record
+        assert "out of host memory for the lists of selected elements" in record["message"], record
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -201,16 +201,26 @@ def test_addend_gives_what_adding_first_gives(rng):
 
 
 @pytest.mark.parametrize(
-    "grad_dtype, addend, message",
+    "grad_dtype, addend, error, message",
     [
-        (np.float32, np.zeros(99, np.float32), r"addend\[0\] must have the shape of grad\[0\], \[100\], got \[99\]"),
-        (np.float16, np.zeros(100, np.float16), r"addend is supported for float32 only, got half grad"),
+        (np.float32, np.zeros(99, np.float32), tf.errors.InvalidArgumentError,
+         r"addend\[0\] must have the shape of grad\[0\], \[100\], got \[99\]"),
+        (np.float16, np.zeros(100, np.float16), TypeError,
+         r"addend is supported for a float32 grad only, got grad as a float16 array of shape \(100,\)"),
     ],
 )
-def test_bad_addend_names_the_argument(rng, grad_dtype, addend, message):
+def test_bad_addend_names_the_argument(rng, grad_dtype, addend, error, message):
     g = random_gradient(rng, (100,), grad_dtype)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+    with pytest.raises(error, match=message):
         ops.dragonn_compress(g, 0.1, 10, 1, addend=addend)
+
+
+def test_kernel_refuses_an_addend_to_a_half_grad(rng):
+    """The raw op (no wrapper) reaches the kernel's check."""
+    g = random_gradient(rng, (100,), np.float16)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"addend is supported for float32 only, got half grad"):
+        ops.load_library().tfcomp_dragonn_compress([g], np.float32(0.1), np.int64(1), [np.zeros(100, np.float16)],
+                                                   num_slots=10)
 
 
 def test_addend_count_other_than_grads_is_refused(rng):

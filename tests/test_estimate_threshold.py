@@ -89,7 +89,7 @@ def test_non_finite_samples_are_left_out(rng, dtype):
         (dict(num_samples=2**63), ValueError, r"num_samples must be in \[1, 9223372036854775807\], got 9223372036854775808"),
         (dict(seed=-(2**63) - 1), ValueError, r"seed must be in \[-9223372036854775808, 9223372036854775807\]"),
         (dict(seed=None), TypeError, r"seed must be an int or an integer tensor, got None"),
-        (dict(seed=np.array(1.5)), TypeError, r"seed must be an int or an integer tensor, got array\(1.5\)"),
+        (dict(seed=np.array(1.5)), TypeError, r"seed must be an int or an integer tensor, got a float64 array of shape \(\)"),
         (dict(ratio=np.array(np.nan, np.float32)), tf.errors.InvalidArgumentError, r"ratio must be in \(0, 1\], got nan"),
         (dict(ratio=np.array(0.0, np.float32)), tf.errors.InvalidArgumentError, r"ratio must be in \(0, 1\], got 0"),
         (dict(grad=np.zeros((0, 3), np.float32)), tf.errors.InvalidArgumentError, r"grad must not be empty, got shape \[0,3\]"),

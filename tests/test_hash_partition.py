@@ -1,12 +1,18 @@
 """hash_partition against a NumPy reference: owners by the shared hash, stable order within an
-owner, empty slots dropped, values carried bit for bit, and its argument checks."""
+owner, empty slots dropped, values carried bit for bit, its argument checks, and its memory: a huge
+num_parts is refused by name (it once ended the process), the largest allowed runs in little memory."""
+
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import numpy_reference as ref
+from tests.op_child import run_in_child
 from tfcomp import ops
+
+THREE_PAIRS = "np.ones(3, np.float32), np.array([0, 5, 9], np.int32)"
 
 
 def random_pairs(rng, n: int, size: int):
@@ -20,7 +26,7 @@ def random_pairs(rng, n: int, size: int):
     return values, indices
 
 
-@pytest.mark.parametrize("num_parts", [1, 2, 3, 4, 8, 13, 64])
+@pytest.mark.parametrize("num_parts", [1, 2, 3, 4, 8, 13, 64, 100_003])
 @pytest.mark.parametrize("n, size", [(1, 1), (100, 1000), (5000, 2_000_000), (20_000, 2**31 - 1)])
 def test_matches_reference(rng, num_parts, n, size):
     values, indices = random_pairs(rng, n, size)
@@ -75,9 +81,44 @@ def test_empty_and_all_empty_slots():
     (np.ones((2, 2), np.float32), np.array([0, 1], np.int32), 2, (tf.errors.InvalidArgumentError, ValueError),
      "values must be a vector"),
     (np.ones(2, np.float32), np.array([0, 1], np.int32), 0, ValueError, "num_parts"),
+    (np.ones(2, np.float32), np.array([0, 1], np.int32), 2**20 + 1, ValueError,
+     r"num_parts must be in \[1, 1048576\], got 1048577"),
     (np.ones(2, np.float32), np.array([0, 1], np.int32), 2.0, TypeError, "num_parts"),
     (np.ones(2, np.float32), np.array([0, 2**31], np.int64), 2, ValueError, "indices"),
 ])
 def test_bad_arguments_are_named(values, indices, num_parts, error, match):
     with pytest.raises(error, match=match):
         ops.hash_partition(values, indices, num_parts)
+
+
+@pytest.mark.parametrize("call", [f"ops.hash_partition({THREE_PAIRS}, 2**26)",
+                                  f"raw.tfcomp_hash_partition({THREE_PAIRS}, num_parts=2**26)"],
+                         ids=["wrapper", "kernel"])
+def test_a_huge_num_parts_is_refused_by_name_in_little_memory(call):
+    """num_parts = 2^26 for 3 pairs once took 772 MiB and ended the process on an uncaught
+    std::bad_alloc; now the wrapper and, without it, the kernel refuse it, naming num_parts and its
+    limit, within 512 MiB (run in a child process, so that a crash fails only this test)."""
+    record = run_in_child(call, budget_mib=512)
+    assert record["outcome"] == "raised", record
+    assert record["error"] in ("ValueError", "InvalidArgumentError"), record
+    assert re.search(r"num_parts must be in \[1, 1048576\].*got 67108864", record["message"]), record
+
+
+def test_the_shape_function_refuses_a_huge_num_parts():
+    raw_op = ops.load_library().tfcomp_hash_partition
+    with pytest.raises(ValueError, match=r"num_parts must be in \[1, 1048576\].*got 1048577"):
+        tf.function(lambda: raw_op(np.ones(3, np.float32), np.zeros(3, np.int32), num_parts=2**20 + 1))()
+
+
+def test_the_largest_num_parts_partitions_in_little_memory(rng, tmp_path):
+    """num_parts = 2^20: the reference's rows and splits within 32 MiB, of which splits take 4 (a
+    scratch of num_parts cursors is not needed: the kernel's memory is its outputs)."""
+    values, indices = random_pairs(rng, 5000, 2**31 - 1)
+    np.savez(tmp_path / "pairs.npz", values=values, indices=indices)
+    record = run_in_child(f"ops.hash_partition(pairs['values'], pairs['indices'], {ops.MAX_NUM_PARTS})", budget_mib=32,
+                          setup=f"pairs = dict(np.load({str(tmp_path / 'pairs.npz')!r}))", save=str(tmp_path / "out.npz"))
+    assert record["outcome"] == "returned", record
+    outputs = np.load(tmp_path / "out.npz")
+    expected_rows, expected_splits = ref.hash_partition(values, indices, ops.MAX_NUM_PARTS)
+    np.testing.assert_array_equal(outputs["output_1"], expected_splits)
+    np.testing.assert_array_equal(outputs["output_0"], expected_rows)

@@ -1,11 +1,13 @@
 """sum_pairs against a NumPy reference: sums per index in row order, the kept sums chosen by
-magnitude (NaN, Inf, ties to the lower index), ascending index order, and its argument checks."""
+magnitude (NaN, Inf, ties to the lower index), ascending index order, its argument checks, and
+scratch beyond the process's memory as an error."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import numpy_reference as ref
+from tests.op_child import run_in_child
 from tfcomp import ops
 
 
@@ -125,3 +127,19 @@ def test_kernel_and_shape_function_name_a_bad_max_pairs():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="max_pairs must be -1"):
         tf.function(lambda r: library.tfcomp_sum_pairs(r, max_pairs=-3)).get_concrete_function(
             tf.TensorSpec([None, 2], tf.int32))
+
+
+def test_scratch_beyond_the_memory_is_an_error_not_an_abort():
+    """2^24 rows (128 MiB) within 256 MiB more: the kernel's scratch (three times the rows) does not
+    fit, and its std::bad_alloc, which ended the process, is a ResourceExhausted error (in a child
+    process whose address space is limited). Should the scratch shrink to fit, the sums must be right."""
+    n = 2**24
+    setup = (f"rows = tf.constant(np.stack([np.arange({n}, dtype=np.int32)[::-1], "
+             f"np.full({n}, np.float32(1).view(np.int32))], axis=1))")
+    check = f"bool(np.array_equal(ops.sum_pairs(rows).numpy()[::{n // 8}, 0], np.arange(0, {n}, {n // 8})))"
+    record = run_in_child(check, budget_mib=256, setup=setup)
+    if record["outcome"] == "returned":
+        assert record["value"] is True, record
+    else:
+        assert record["outcome"] == "raised" and record["error"] == "ResourceExhaustedError", record
+        assert "out of host memory for the sort of the rows" in record["message"], record

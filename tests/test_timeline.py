@@ -156,6 +156,27 @@ def test_time_after_needs_a_tensor_to_wait_for():
         tfcomp.ops.time_after([])
 
 
+@pytest.mark.parametrize("tensors, position, given", [
+    ([tf.ones([2]), None], 1, "None"),
+    ([None], 0, "None"),
+    ([tf.ones([2]), [1.0, None]], 1, r"\[1.0, None\]"),
+    ([object()], 0, "<object object at"),
+])
+def test_time_after_names_an_entry_that_is_no_tensor(tensors, position, given):
+    with pytest.raises(TypeError, match=rf"^tensors\[{position}\] must be a tensor .*, got {given}"):
+        tfcomp.ops.time_after(tensors)
+
+
+@pytest.mark.parametrize("tensors, given", [
+    (tf.ones([3]), r"a float32 tensor of shape \(3,\)"),
+    (np.ones(3), r"a float64 array of shape \(3,\)"),
+    (None, "None"),
+])
+def test_time_after_wants_a_list_of_tensors(tensors, given):
+    with pytest.raises(TypeError, match=rf"^tensors must be a list of tensors, got {given}"):
+        tfcomp.ops.time_after(tensors)
+
+
 @pytest.mark.parametrize("after_steps", [0, -3, 2.5, True, "30"])
 def test_replan_callback_checks_after_steps(after_steps):
     with pytest.raises(ValueError, match="after_steps must be an integer >= 1"):

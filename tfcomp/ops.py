@@ -9,10 +9,14 @@ TensorFlow than the one running, that call raises `OpLibraryError`, which says w
 against what and the command that rebuilds it.
 
 Every wrapper checks its Python-number arguments before the op runs: a wrong type is a `TypeError`,
-a value out of range a `ValueError`, each naming the argument and the value. Tensor arguments (which
-may be symbolic) are checked by the kernel, which raises `tf.errors.InvalidArgumentError` (or, in a
-`tf.function`, a `ValueError` from the shape function) naming the argument and its value or shape.
-Lengths (num_slots, max_out, k, size) are at most 2^31 - 1, since indices are int32.
+a value out of range a `ValueError`, each naming the argument and the value. It checks the dtype of
+every tensor argument too (a `TypeError` naming the argument, the dtypes it takes and the dtype and
+shape it was given); arrays and lists are converted as each argument's doc says. Tensor values and
+shapes (which may be symbolic) are checked by the kernel, which raises
+`tf.errors.InvalidArgumentError` (or, in a `tf.function`, a `ValueError` from the shape function)
+naming the argument and its value or shape. Lengths (num_slots, max_out, k, size) are at most
+2^31 - 1, since indices are int32; an output those lengths make too large for the process's memory
+is a `tf.errors.ResourceExhaustedError` naming the length.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import tensorflow as tf
 
 __all__ = [
     "MAX_LENGTH",
+    "MAX_NUM_PARTS",
     "OpLibraryError",
     "REBUILD_COMMAND",
     "adam_accumulate",
@@ -54,6 +59,9 @@ REBUILD_COMMAND = "scripts/build_ops.sh   (from the tfcomp checkout, with its .v
 _BUILD_INFO = re.compile(rb"TFCOMP_BUILD_INFO\{tf=([^}]*)\}")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 MAX_LENGTH = _INT32_MAX  # the longest gradient, payload or dense output: indices are int32
+MAX_NUM_PARTS = 2**20  # hash_partition's owners: its splits hold one int32 per owner
+_GRADIENT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+_GRADIENT_NUMPY_DTYPES = tuple(np.dtype(dtype.as_numpy_dtype) for dtype in _GRADIENT_DTYPES)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 for _op in ("EstimateThreshold", "DragonnCompress", "DgcCompress", "TopkCompress", "SparseBatchedDecode", "ZeroAt",
@@ -151,11 +159,38 @@ def _kind(value) -> str | None:
     return "float" if dtype.kind == "f" or dtype == tf.bfloat16.as_numpy_dtype else None
 
 
+def _given(value) -> str:
+    """What an argument was, for an error: a tensor's or array's dtype and shape, else its repr."""
+    if tf.is_tensor(value) or isinstance(value, (np.ndarray, np.generic)):
+        dtype = value.dtype.name
+        kind = "tensor" if tf.is_tensor(value) else "array"
+        return f"{'an' if dtype[0] in 'aeiou' else 'a'} {dtype} {kind} of shape {value.shape}"
+    shown = repr(value)
+    return shown if len(shown) <= 80 else f"{shown[:60]}... ({type(value).__name__})"
+
+
 def _check_kind(name: str, value, kinds: tuple, what: str) -> None:
     """A tensor or array-like argument must have a dtype of one of `kinds` (see _kind)."""
-    if _kind(value) not in kinds:
-        shown = f"a tensor of dtype {value.dtype.name}" if tf.is_tensor(value) else repr(value)
-        raise TypeError(f"{name} must be {what}, got {shown}")
+    try:
+        kind = _kind(value)
+    except ValueError:  # a ragged list
+        kind = None
+    if kind not in kinds:
+        raise TypeError(f"{name} must be {what}, got {_given(value)}")
+
+
+def _gradient_input(name: str, value):
+    """A tensor argument of dtype float32, float16 or bfloat16 (an op's T): a tensor or array of
+    another dtype is a TypeError naming `name`; a list or number becomes the tensor TensorFlow makes
+    of it (Python floats: float32)."""
+    if not tf.is_tensor(value) and not isinstance(value, (np.ndarray, np.generic)):
+        try:
+            value = tf.convert_to_tensor(value)
+        except (TypeError, ValueError) as error:
+            raise TypeError(f"{name} must be a float32, float16 or bfloat16 tensor, got {_given(value)}") from error
+    if (value.dtype not in _GRADIENT_DTYPES) if tf.is_tensor(value) else (value.dtype not in _GRADIENT_NUMPY_DTYPES):
+        raise TypeError(f"{name} must be a float32, float16 or bfloat16 tensor, got {_given(value)}")
+    return value
 
 
 def _check_array_range(name: str, array: np.ndarray, minimum: int, maximum: int) -> None:
@@ -193,6 +228,16 @@ def _threshold(value):
     return _to_float32(value)
 
 
+def _real(name: str, value):
+    """A float32 scalar argument (scale, step): a real number, or a tensor or array of a real dtype,
+    as float32 (its value and shape are the kernel's to check)."""
+    if _is_scalar_number(value):
+        _float32_of(name, value)
+    else:
+        _check_kind(name, value, ("int", "float"), "a real number or a tensor of a real dtype")
+    return _to_float32(value)
+
+
 def _seed(value):
     """seed: an int (or an array of ints) must fit int64; a tensor must be of an integer dtype."""
     if _is_scalar_number(value):
@@ -206,11 +251,16 @@ def _seed(value):
 def _parts(grad, addend) -> tuple:
     """(grad as a list of tensors, addend as a list: [] for None; whether grad was a list). A list
     or tuple grad is the parts of one gradient, their concatenation, and its addend must be a list
-    of as many (dtypes and shapes are the kernel's to check: it names them in its error)."""
+    of as many. Dtypes are checked here (one of the gradient dtypes for all of grad, float32 for
+    grad and addend with an addend); shapes are the kernel's to check (it names them in its error)."""
     as_list = isinstance(grad, (list, tuple))
     grads = list(grad) if as_list else [grad]
     if not grads:
         raise ValueError("grad must hold at least one tensor, got an empty list")
+    grads = [_gradient_input(f"grad[{i}]" if as_list else "grad", g) for i, g in enumerate(grads)]
+    dtypes = {tf.as_dtype(g.dtype) for g in grads}
+    if len(dtypes) > 1:
+        raise TypeError(f"grad's tensors must share one dtype, got {', '.join(_given(g) for g in grads)}")
     if addend is None:
         return grads, [], as_list
     if as_list != isinstance(addend, (list, tuple)):
@@ -219,14 +269,19 @@ def _parts(grad, addend) -> tuple:
     addends = list(addend) if as_list else [addend]
     if len(addends) != len(grads):
         raise ValueError(f"addend must hold one tensor per grad tensor ({len(grads)}), got {len(addends)}")
+    if dtypes != {tf.float32}:
+        raise TypeError(f"addend is supported for a float32 grad only, got grad as {_given(grads[0])}")
+    addends = [_float32_input(f"addend[{i}]" if as_list else "addend", a) for i, a in enumerate(addends)]
     return grads, addends, as_list
 
 
 def _indices(value, name: str = "indices"):
-    """indices (or another int32 argument `name`): a tensor goes to the kernel, which checks it; an
-    array or list must hold integers that fit int32 (TensorFlow's conversion would truncate floats
-    and wrap large integers silently), returned as int32."""
+    """indices (or another int32 argument `name`): a tensor must be int32 (its values are the
+    kernel's to check); an array or list must hold integers that fit int32 (TensorFlow's conversion
+    would truncate floats and wrap large integers silently), returned as int32."""
     if tf.is_tensor(value):
+        if value.dtype != tf.int32:
+            raise TypeError(f"{name} must be an int32 tensor (or integers that fit int32), got {_given(value)}")
         return value
     array = np.asarray(value)
     if array.size == 0:  # NumPy makes [] a float64 array
@@ -327,7 +382,7 @@ def dgc_compress(grad, threshold, max_out: int, name: str | None = None):
     Raises:
       TypeError, ValueError: a Python-number argument of the wrong type or out of range.
     """
-    threshold = _threshold(threshold)
+    grad, threshold = _gradient_input("grad", grad), _threshold(threshold)
     max_out = _check_int("max_out", max_out, 1, MAX_LENGTH)
     return load_library().tfcomp_dgc_compress(grad, threshold, max_out=max_out, name=name)
 
@@ -347,7 +402,7 @@ def topk_compress(grad, k: int, name: str | None = None):
     Raises:
       TypeError, ValueError: k of the wrong type or out of range.
     """
-    k = _check_int("k", k, 1, MAX_LENGTH)
+    grad, k = _gradient_input("grad", grad), _check_int("k", k, 1, MAX_LENGTH)
     return load_library().tfcomp_topk_compress(grad, k=k, name=name)
 
 
@@ -355,7 +410,13 @@ def sparse_batched_decode(values, indices, size: int, name: str | None = None) -
     """Sums (value, index) pairs into a dense vector in one pass (004 Sec. 4.3).
 
     Pass the concatenated payloads of all K workers to decode them with one op instead of K dense
-    decodes and a sum. Index -1 is skipped; duplicate indices add up.
+    decodes and a sum. Index -1 is skipped; duplicate indices add up, in pair order, from 0.
+
+    Subnormal sums are flushed to zero on the CPU: float32 and bfloat16 add in float32 under
+    TensorFlow's floating-point mode (FTZ and DAZ), so a value of magnitude below 2^-126 (1.18e-38)
+    adds as a zero of its sign and a partial or final sum that lands below it becomes a zero of its
+    sign (1.5e-38 + -1.4e-38 gives +0; -1.5e-38 + 1.4e-38 gives -0). float16 keeps its subnormals
+    (they are normal float32 values). The GPU kernel does not flush.
 
     Args:
       values: [n] float32, float16 or bfloat16.
@@ -370,7 +431,7 @@ def sparse_batched_decode(values, indices, size: int, name: str | None = None) -
       TypeError, ValueError: size of the wrong type or out of range, or indices given as an array or
         list that are not integers or do not fit int32.
     """
-    size = _check_int("size", size, 0, MAX_LENGTH)
+    values, size = _gradient_input("values", values), _check_int("size", size, 0, MAX_LENGTH)
     return load_library().tfcomp_sparse_batched_decode(values, _indices(indices), size=size, name=name)
 
 
@@ -383,9 +444,10 @@ def hash_partition(values, indices, num_parts: int, name: str | None = None):
     indices of one layer spread over all owners. Pairs with index -1 (empty slots) are dropped.
 
     Args:
-      values: [m] float32.
+      values: [m] float32 (an array of another real dtype is converted to float32).
       indices: [m] int32, -1 or >= 0; an index < -1 is an InvalidArgument error.
-      num_parts: Python int in [1, 2^31 - 1], the number of owners (ranks).
+      num_parts: Python int in [1, 2^20], the number of owners (ranks); splits holds one int32 per
+        owner, and the op's memory is its outputs and O(m + num_parts).
       name: optional op name.
 
     Returns:
@@ -397,8 +459,9 @@ def hash_partition(values, indices, num_parts: int, name: str | None = None):
       TypeError, ValueError: num_parts of the wrong type or out of range, or indices given as an
         array or list that are not integers or do not fit int32.
     """
-    num_parts = _check_int("num_parts", num_parts, 1, _INT32_MAX)
-    return load_library().tfcomp_hash_partition(values, _indices(indices), num_parts=num_parts, name=name)
+    num_parts = _check_int("num_parts", num_parts, 1, MAX_NUM_PARTS)
+    return load_library().tfcomp_hash_partition(_float32_input("values", values), _indices(indices),
+                                                 num_parts=num_parts, name=name)
 
 
 def sum_pairs(rows, max_pairs: int | None = None, name: str | None = None) -> tf.Tensor:
@@ -460,8 +523,8 @@ def int_quantize(grad, scale, seed, bits: int, levels: int, name: str | None = N
     """
     bits = _check_bits(bits)
     levels = _check_int("levels", levels, 1, 2 ** (bits - 1) - 1)
-    return load_library().tfcomp_int_quantize(grad, _to_float32(scale), tf.cast(_seed(seed), tf.int64), bits=bits,
-                                              levels=levels, name=name)
+    return load_library().tfcomp_int_quantize(_float32_input("grad", grad), _real("scale", scale),
+                                              tf.cast(_seed(seed), tf.int64), bits=bits, levels=levels, name=name)
 
 
 def int_dequantize(lanes, step, bits: int, size: int, name: str | None = None) -> tf.Tensor:
@@ -483,7 +546,8 @@ def int_dequantize(lanes, step, bits: int, size: int, name: str | None = None) -
     """
     bits = _check_bits(bits)
     size = _check_int("size", size, 0, MAX_LENGTH)
-    return load_library().tfcomp_int_dequantize(lanes, _to_float32(step), bits=bits, size=size, name=name)
+    return load_library().tfcomp_int_dequantize(_indices(lanes, "lanes"), _real("step", step), bits=bits, size=size,
+                                                name=name)
 
 
 def zero_at(variable: tf.Variable, indices, offset: int = 0, name: str | None = None) -> tf.Operation:
@@ -529,7 +593,7 @@ def _float32_input(name: str, value):
     """A float32 tensor argument as given; an array or number of a real dtype as float32."""
     if tf.is_tensor(value):
         if value.dtype != tf.float32:
-            raise TypeError(f"{name} must be a float32 tensor, got dtype {value.dtype.name}")
+            raise TypeError(f"{name} must be a float32 tensor, got {_given(value)}")
         return value
     _check_kind(name, value, ("int", "float"), "a float32 tensor or a real array")
     return _to_float32(value)
@@ -563,12 +627,31 @@ def momentum_accumulate(grad, momentum, mu: float, residual=None, name: str | No
     return new_momentum, accumulated
 
 
+def _step(value) -> tf.Tensor:
+    """Adam's step t as a float32 scalar tensor: a real number, or a scalar tensor or array of an
+    integer or floating dtype; anything else is a TypeError (a ValueError for a known rank > 0)."""
+    what = "a real number or a scalar tensor of an integer or floating dtype"
+    if _is_scalar_number(value):
+        _float32_of("step", value)
+    else:
+        _check_kind("step", value, ("int", "float"), what)
+        rank = value.shape.rank if tf.is_tensor(value) else np.ndim(value)
+        if rank not in (None, 0):
+            raise ValueError(f"step must be a scalar ({what}), got {_given(value)}")
+    return tf.cast(value, tf.float32)
+
+
 def adam_bias_corrections(step, beta_1: float, beta_2: float) -> tuple:
     """(1 - beta_1^t, 1 - beta_2^t), float32 scalars: Adam's bias corrections for the step t
-    (`step`, a number or a real scalar tensor, cast to float32), as `adam_accumulate` computes
-    them; computed once, they serve every tensor of a step."""
+    (`step`, a real number or a scalar tensor of an integer or floating dtype, cast to float32), as
+    `adam_accumulate` computes them; computed once, they serve every tensor of a step.
+
+    Raises:
+      TypeError, ValueError: step not a real scalar (the error names it and says what it got); a
+        coefficient not a finite real number.
+    """
     beta_1, beta_2 = _finite_coefficient("beta_1", beta_1), _finite_coefficient("beta_2", beta_2)
-    t = tf.cast(step, tf.float32)
+    t = _step(step)
     return 1.0 - tf.pow(tf.constant(beta_1, tf.float32), t), 1.0 - tf.pow(tf.constant(beta_2, tf.float32), t)
 
 
@@ -584,8 +667,8 @@ def adam_accumulate(grad, m, v, step, beta_1: float, beta_2: float, epsilon: flo
     Args:
       grad: float32 tensor of any shape (< 2^31 elements).
       m, v: float32 tensors of grad's shape, Adam's moments.
-      step: the step t of the bias corrections, a number or a real scalar tensor (cast to float32);
-        None where `bias_corrections` gives them.
+      step: the step t of the bias corrections, a real number or a scalar tensor of an integer or
+        floating dtype (cast to float32); None where `bias_corrections` gives them.
       beta_1, beta_2, epsilon: finite real Python numbers.
       residual: None, or a float32 tensor of grad's shape, r.
       name: optional op name.
@@ -594,13 +677,23 @@ def adam_accumulate(grad, m, v, step, beta_1: float, beta_2: float, epsilon: flo
 
     Returns:
       (new_m, new_v, accumulated), float32 tensors of grad's shape.
+
+    Raises:
+      TypeError, ValueError: an argument of the wrong type, dtype or rank (the error names it and
+        says what it got), or a coefficient that is not finite.
     """
     if (step is None) == (bias_corrections is None):
         raise ValueError("adam_accumulate needs exactly one of step and bias_corrections, got "
                          f"step={step!r}, bias_corrections={bias_corrections!r}")
     beta_1, beta_2 = _finite_coefficient("beta_1", beta_1), _finite_coefficient("beta_2", beta_2)
     epsilon = _finite_coefficient("epsilon", epsilon)
-    m_correction, v_correction = bias_corrections or adam_bias_corrections(step, beta_1, beta_2)
+    if bias_corrections is None:
+        m_correction, v_correction = adam_bias_corrections(step, beta_1, beta_2)
+    elif isinstance(bias_corrections, (tuple, list)) and len(bias_corrections) == 2:
+        m_correction, v_correction = (_float32_input(f"bias_corrections[{i}]", correction)
+                                      for i, correction in enumerate(bias_corrections))
+    else:
+        raise TypeError(f"bias_corrections must be the pair adam_bias_corrections returns, got {_given(bias_corrections)}")
     new_m, new_v, accumulated = load_library().tfcomp_adam_accumulate(
         _float32_input("grad", grad), _float32_input("m", m), _float32_input("v", v), _residual_list(residual),
         m_correction, v_correction, beta_1=beta_1, one_minus_beta_1=1.0 - beta_1,
@@ -615,10 +708,24 @@ def time_after(tensors, name: str | None = None) -> tf.Tensor:
     such control edges inside a `tf.function`). The tensors are not read.
 
     Args:
-      tensors: a non-empty list of tensors (any dtypes and shapes).
+      tensors: a non-empty list of tensors (any dtypes and shapes), or of values that
+        `tf.convert_to_tensor` takes.
       name: optional op name.
+
+    Raises:
+      TypeError: tensors not a list, or an entry (None, say) that is no tensor; the error names it.
+      ValueError: an empty list.
     """
+    if tf.is_tensor(tensors) or isinstance(tensors, (np.ndarray, np.generic)) or tensors is None:
+        raise TypeError(f"tensors must be a list of tensors, got {_given(tensors)}")
     tensors = list(tensors)
     if not tensors:
         raise ValueError("tensors: give at least one tensor to wait for (tf.timestamp waits for none)")
+    for i, tensor in enumerate(tensors):
+        if not tf.is_tensor(tensor):
+            try:
+                tensors[i] = tf.convert_to_tensor(tensor)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"tensors[{i}] must be a tensor (or a value tf.convert_to_tensor takes), "
+                                f"got {_given(tensor)}") from error
     return load_library().tfcomp_time_after(tensors, name=name)

@@ -444,8 +444,7 @@ void CheckHashPartition(int64_t n, int32_t num_parts, uint64_t seed) {
   int64_t total = 0;
   for (int32_t c : counts) total += c;
   std::vector<int32_t> want(2 * total);
-  std::vector<int64_t> scratch(num_parts);
-  WriteRowsByOwner(values.data(), indices.data(), n, num_parts, counts.data(), scratch.data(), want.data());
+  WriteRowsByOwner(values.data(), indices.data(), n, num_parts, counts.data(), want.data());
 
   const int64_t chunks = cuda::PartitionChunks(n);
   const DeviceArray<float> d_values(values);

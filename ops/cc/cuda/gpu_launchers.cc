@@ -202,7 +202,7 @@ Status HashPartitionLauncher<GpuDevice>::Count(OpKernelContext* context, const T
     return errors::InvalidArgument("num_parts = ", num_parts, " with ", n, " pairs needs ", chunks * num_parts,
                                    " per-chunk counters on the GPU, more than 2^31 - 1");
   }
-  cursors_.assign(chunks * num_parts, 0);
+  TF_RETURN_IF_ERROR(HostScratch("the per-chunk cursors", [&] { cursors_.assign(chunks * num_parts, 0); }));
   if (chunks == 0) return ::tensorflow::OkStatus();
   Tensor chunk_counts, first_bad;
   TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_INT32, {chunks * num_parts}, &chunk_counts));
@@ -210,8 +210,12 @@ Status HashPartitionLauncher<GpuDevice>::Count(OpKernelContext* context, const T
   TF_RETURN_IF_ERROR(CudaStatus(context, cuda::HashPartitionCount(indices.flat<int32_t>().data(), n, num_parts,
                                                                   chunk_counts.flat<int32_t>().data(),
                                                                   first_bad.flat<int64_t>().data(), stream)));
-  std::vector<int32_t> host_counts(chunks * num_parts);
-  std::vector<int64_t> host_bad(chunks);
+  std::vector<int32_t> host_counts;
+  std::vector<int64_t> host_bad;
+  TF_RETURN_IF_ERROR(HostScratch("the per-chunk counts", [&] {
+    host_counts.resize(chunks * num_parts);
+    host_bad.resize(chunks);
+  }));
   TF_RETURN_IF_ERROR(CudaStatus(context, cudaMemcpyAsync(host_counts.data(), chunk_counts.flat<int32_t>().data(),
                                                          host_counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                                          stream)));

@@ -139,6 +139,28 @@ inline ::tensorflow::Status CheckDecodePairs(const ::tensorflow::Tensor& values,
   return ::tensorflow::OkStatus();
 }
 
+// hash_partition's num_parts, the number of owners (ranks): at most 2^20. splits holds one int32 per
+// owner, so that a larger num_parts would size the op's memory by an attribute, not by its pairs
+// (2^26 took 772 MiB for 3 pairs).
+constexpr int64_t kMaxNumParts = int64_t{1} << 20;
+
+inline ::tensorflow::Status CheckNumParts(int64_t num_parts) {
+  if (num_parts < 1 || num_parts > kMaxNumParts) {
+    return ::tensorflow::errors::InvalidArgument(
+        "num_parts must be in [1, 1048576] (2^20 owners: splits holds one int32 per owner), got ", num_parts);
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// hash_partition's pairs: splits and rows count them in int32, so at most 2^31 - 1.
+inline ::tensorflow::Status CheckPartitionPairs(const ::tensorflow::Tensor& indices) {
+  if (indices.NumElements() > kMaxIndexable) {
+    return ::tensorflow::errors::InvalidArgument("indices has ", indices.NumElements(),
+                                                 " pairs; at most 2^31 - 1 are supported because splits are int32");
+  }
+  return ::tensorflow::OkStatus();
+}
+
 // sum_pairs's rows: int32 [n, 2], (index, float32 bits) per row.
 inline ::tensorflow::Status CheckPairRows(const ::tensorflow::Tensor& rows) {
   if (rows.dims() != 2 || rows.dim_size(1) != 2) {

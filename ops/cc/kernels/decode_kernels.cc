@@ -49,7 +49,8 @@ struct SparseBatchedDecodeLauncher<CpuDevice, T> {
 
     // 2. Exclusive prefix sum in (chunk, range) order turns counts into cursors, so that the sort is
     //    stable: within a chunk, pairs keep their order. chunk_start[c] is where chunk c begins.
-    std::vector<int64_t> chunk_start(num_chunks + 1);
+    std::vector<int64_t> chunk_start;
+    TF_RETURN_IF_ERROR(HostScratch("the chunks' starts", [&] { chunk_start.resize(num_chunks + 1); }));
     int64_t total = 0;
     for (int64_t c = 0; c < num_chunks; ++c) {
       chunk_start[c] = total;
@@ -101,7 +102,7 @@ class SparseBatchedDecodeOp : public ::tensorflow::OpKernel {
     const Tensor& indices = context->input(1);
     OP_REQUIRES_OK(context, CheckDecodePairs(values, indices));
     Tensor* dense = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, {size_}, &dense));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output(0, {size_}, &dense), "size", size_));
     int64_t bad_position = -1;
     int32_t bad_index = 0;
     OP_REQUIRES_OK(context,

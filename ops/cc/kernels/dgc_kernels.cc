@@ -30,10 +30,13 @@ struct DgcCompressLauncher<CpuDevice, T> {
 
     // Each shard of blocks collects its selected indices in order (at most max_out); the lists are
     // then joined in order, which gives the first max_out selected indices of the tensor in one pass.
-    const std::vector<std::vector<int32_t>> selected = CollectInBlocks<int32_t>(
-        context, size, kCollectBlock, [&](int64_t begin, int64_t end, std::vector<int32_t>* block_indices) {
+    std::vector<std::vector<int32_t>> selected;
+    TF_RETURN_IF_ERROR(CollectInBlocks<int32_t>(
+        context, size, kCollectBlock,
+        [&](int64_t begin, int64_t end, std::vector<int32_t>* block_indices) {
           DgcCollectRange<Format>(g, begin, end, threshold_key, max_out, block_indices);
-        });
+        },
+        &selected));
 
     T* out_values = values->flat<T>().data();
     int32_t* out_indices = indices->flat<int32_t>().data();
@@ -70,8 +73,8 @@ class DgcCompressOp : public ::tensorflow::OpKernel {
     OP_REQUIRES_OK(context, CheckIndexable(grad));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, {max_out_}, &values));
-    OP_REQUIRES_OK(context, context->allocate_output(1, {max_out_}, &indices));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output(0, {max_out_}, &values), "max_out", max_out_));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output(1, {max_out_}, &indices), "max_out", max_out_));
     OP_REQUIRES_OK(context, DgcCompressLauncher<Device, T>()(context, grad, threshold, values, indices));
   }
 

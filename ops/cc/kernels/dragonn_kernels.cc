@@ -33,7 +33,8 @@ struct DragonnCompressLauncher<CpuDevice, T> {
     // the slot words of its selected elements (no shared writes, so nothing stalls the streaming
     // read). Phase 2: each thread owns a range of slots and keeps the largest word hashed into each
     // of its slots.
-    const std::vector<std::vector<uint64_t>> word_lists = CollectInBlocks<uint64_t>(
+    std::vector<std::vector<uint64_t>> word_lists;
+    TF_RETURN_IF_ERROR(CollectInBlocks<uint64_t>(
         context, total, kHashBlock, [&](int64_t begin, int64_t end, std::vector<uint64_t>* words) {
           for (int p = PartAt(parts.data(), static_cast<int>(parts.size()), begin);
                p < static_cast<int>(parts.size()) && parts[p].offset < end; ++p) {
@@ -49,12 +50,14 @@ struct DragonnCompressLauncher<CpuDevice, T> {
             }
             DragonnCollectRange<Format>(part.grad, first, last, threshold_key, words, part.offset);
           }
-        });
+        },
+        &word_lists));
     int64_t num_words = 0;
     for (const auto& words : word_lists) num_words += words.size();
 
     Tensor slots_tensor;
-    TF_RETURN_IF_ERROR(context->allocate_temp(::tensorflow::DT_UINT64, {num_slots}, &slots_tensor));
+    TF_RETURN_IF_ERROR(NameLengthAttr(context->allocate_temp(::tensorflow::DT_UINT64, {num_slots}, &slots_tensor),
+                                      "num_slots", num_slots));
     uint64_t* slots = reinterpret_cast<uint64_t*>(slots_tensor.flat<::tensorflow::uint64>().data());
     std::fill(slots, slots + num_slots, 0);
     const int64_t owners = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(context), num_slots / 1024));
@@ -102,8 +105,10 @@ class DragonnCompressOp : public ::tensorflow::OpKernel {
     OP_REQUIRES_OK(context, ReadGradientParts<T>(context, "sum", &parts, &total));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output("values", {num_slots_}, &values));
-    OP_REQUIRES_OK(context, context->allocate_output("indices", {num_slots_}, &indices));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output("values", {num_slots_}, &values), "num_slots",
+                                           num_slots_));
+    OP_REQUIRES_OK(context, NameLengthAttr(context->allocate_output("indices", {num_slots_}, &indices), "num_slots",
+                                           num_slots_));
     OP_REQUIRES_OK(context,
                    DragonnCompressLauncher<Device, T>()(context, parts, total, *threshold, *seed, values, indices,
                                                         &kept_scratch_));

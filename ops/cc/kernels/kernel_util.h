@@ -1,10 +1,14 @@
-// Helpers shared by the op kernels: dtype formats (every device) and thread sharding (CPU launchers).
+// Helpers shared by the op kernels: dtype formats (every device), thread sharding (CPU launchers) and
+// host scratch whose allocation failure is an error (every device).
 #ifndef TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
 #define TFCOMP_OPS_CC_KERNELS_KERNEL_UTIL_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "ops/cc/kernels/checks.h"
@@ -12,8 +16,40 @@
 #include "ops/cc/lib/parts.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow/core/platform/status.h"
 
 namespace tfcomp {
+
+// The error of a launcher whose host scratch `what` could not be allocated.
+inline ::tensorflow::Status OutOfHostMemory(const char* what) {
+  return ::tensorflow::errors::ResourceExhausted("out of host memory for ", what,
+                                                 " (the inputs are too large for the memory this process may use)");
+}
+
+// Runs `allocate`, which sizes host scratch (std::vectors) of a launcher, and returns OK, or
+// OutOfHostMemory(what) where host memory runs out (std::bad_alloc). Only tfcomp's own code may run
+// inside: TensorFlow's is built without exceptions, so a std::bad_alloc thrown through it can leave
+// its allocator locked (a later allocation then waits forever); its allocate_output and allocate_temp
+// report a failure as a status instead.
+template <typename Allocate>
+::tensorflow::Status HostScratch(const char* what, const Allocate& allocate) {
+  try {
+    allocate();
+  } catch (const std::bad_alloc&) {
+    return OutOfHostMemory(what);
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// `status` of allocating memory whose size the length attribute `attr` (of value `length`) decides: a
+// failure becomes an error that names the attribute and its value.
+inline ::tensorflow::Status NameLengthAttr(const ::tensorflow::Status& status, const char* attr, int64_t length) {
+  if (status.ok()) return status;
+  return ::tensorflow::Status(status.code(), std::string(attr) + " = " + std::to_string(length) +
+                                                 " asks for more memory than this process can allocate: " +
+                                                 std::string(status.message()));
+}
 
 template <typename T>
 struct FormatOf;
@@ -57,18 +93,30 @@ inline void ParallelForBlocks(::tensorflow::OpKernelContext* context, int64_t to
 }
 
 // Runs collect(begin, end, &list) over [0, total) in blocks of block_size elements on the intra-op
-// threads, each thread appending to the list of the shard of blocks it was given. Returns the lists
-// in block order (some empty): their concatenation is what one thread scanning in order would append.
+// threads, each thread appending to the list of the shard of blocks it was given. Fills *lists with
+// the lists in block order (some empty): their concatenation is what one thread scanning in order would
+// append. Where a list cannot grow (std::bad_alloc on a pool thread, which nothing else would catch),
+// the lists are dropped and the status is ResourceExhausted.
 template <typename Item, typename Collect>
-std::vector<std::vector<Item>> CollectInBlocks(::tensorflow::OpKernelContext* context, int64_t total,
-                                               int64_t block_size, const Collect& collect) {
-  std::vector<std::vector<Item>> lists((total + block_size - 1) / block_size);
+::tensorflow::Status CollectInBlocks(::tensorflow::OpKernelContext* context, int64_t total, int64_t block_size,
+                                     const Collect& collect, std::vector<std::vector<Item>>* lists) {
+  constexpr const char* kWhat = "the lists of selected elements";
+  TF_RETURN_IF_ERROR(HostScratch(kWhat, [&] { lists->assign((total + block_size - 1) / block_size, {}); }));
+  std::atomic<bool> out_of_memory{false};
   ParallelForBlocks(context, total, block_size, /*cost_per_element=*/1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
-      collect(b * block_size, std::min(total, (b + 1) * block_size), &lists[first]);
+    const ::tensorflow::Status status = HostScratch(kWhat, [&] {
+      for (int64_t b = first; b < last; ++b) {
+        collect(b * block_size, std::min(total, (b + 1) * block_size), &(*lists)[first]);
+      }
+    });
+    if (!status.ok()) {
+      std::vector<Item>().swap((*lists)[first]);
+      out_of_memory = true;
     }
   });
-  return lists;
+  if (!out_of_memory) return ::tensorflow::OkStatus();
+  std::vector<std::vector<Item>>().swap(*lists);
+  return OutOfHostMemory(kWhat);
 }
 
 // The op's `grad` input list and its `addend` list as the parts of one gradient (the grad tensors'

@@ -97,7 +97,8 @@ struct IntDequantizeLauncher;
 // hash_partition: Count fills counts (num_parts int32, host memory) with the pairs of index >= 0 per
 // owner (HashOwner), and *bad_position and *bad_index with the first index < -1 (position -1: none,
 // counts then incomplete); Write then fills rows
-// (int32 [sum of counts, 2]: index, value bits), owner by owner, stable within an owner.
+// (int32 [sum of counts, 2]: index, value bits), owner by owner, stable within an owner, and leaves
+// counts as they were (the CPU launcher's cursors while it writes).
 template <typename Device>
 struct HashPartitionLauncher;
 

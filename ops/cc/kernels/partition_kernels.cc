@@ -1,6 +1,4 @@
 // Tfcomp>HashPartition: the OpKernel and its CPU launcher.
-#include <vector>
-
 #include "ops/cc/kernels/checks.h"
 #include "ops/cc/kernels/launchers.h"
 #include "ops/cc/lib/partition.h"
@@ -21,29 +19,34 @@ struct HashPartitionLauncher<CpuDevice> {
     return ::tensorflow::OkStatus();
   }
 
-  Status Write(OpKernelContext*, const Tensor& values, const Tensor& indices, int32_t num_parts,
-               const int32_t* counts, Tensor* rows) const {
-    std::vector<int64_t> cursor(num_parts);
+  // counts are the owners' cursors while the rows are written, and are restored (no scratch).
+  Status Write(OpKernelContext*, const Tensor& values, const Tensor& indices, int32_t num_parts, int32_t* counts,
+               Tensor* rows) const {
     WriteRowsByOwner(values.flat<float>().data(), indices.flat<int32_t>().data(), indices.NumElements(), num_parts,
-                     counts, cursor.data(), rows->flat<int32_t>().data());
+                     counts, rows->flat<int32_t>().data());
     return ::tensorflow::OkStatus();
   }
 };
 
 namespace {
 
-// values [m] float32, indices [m] int32 -> rows [n, 2] int32, splits [num_parts] int32.
+// values [m] float32, indices [m] int32 -> rows [n, 2] int32, splits [num_parts] int32. Memory and
+// time: the outputs and O(m + num_parts) on the CPU (the GPU launcher keeps per-chunk counters).
 template <typename Device>
 class HashPartitionOp : public ::tensorflow::OpKernel {
  public:
   explicit HashPartitionOp(::tensorflow::OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("num_parts", &num_parts_));
+    int64_t num_parts = 0;
+    OP_REQUIRES_OK(context, context->GetAttr("num_parts", &num_parts));
+    OP_REQUIRES_OK(context, CheckNumParts(num_parts));
+    num_parts_ = static_cast<int32_t>(num_parts);
   }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& values = context->input(0);
     const Tensor& indices = context->input(1);
     OP_REQUIRES_OK(context, CheckDecodePairs(values, indices));
+    OP_REQUIRES_OK(context, CheckPartitionPairs(indices));
     Tensor* splits = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(1, {num_parts_}, &splits));
     int32_t* counts = splits->flat<int32_t>().data();

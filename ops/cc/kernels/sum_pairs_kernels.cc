@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "ops/cc/kernels/checks.h"
+#include "ops/cc/kernels/kernel_util.h"
 #include "ops/cc/kernels/launchers.h"
 #include "ops/cc/lib/sum_pairs.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -23,15 +24,20 @@ struct SumPairsLauncher<CpuDevice> {
       *bad_index = in[2 * *bad_row];
       return ::tensorflow::OkStatus();
     }
-    std::vector<uint64_t> keyed(n), scratch(n);
-    std::vector<int32_t> sums(2 * n);
+    std::vector<uint64_t> keyed, scratch;
+    std::vector<int32_t> sums;
+    TF_RETURN_IF_ERROR(HostScratch("the sort of the rows", [&] {
+      keyed.resize(n);
+      scratch.resize(n);
+      sums.resize(2 * n);
+    }));
     SortRowsByIndex(in, n, keyed.data(), scratch.data());
     const int64_t distinct = SumRowsPerIndex(in, n, keyed.data(), sums.data());
     const int64_t kept = max_pairs < 0 ? distinct : std::min(distinct, max_pairs);
     Tensor* out = nullptr;
     TF_RETURN_IF_ERROR(context->allocate_output(0, {kept, 2}, &out));
-    KeepSmallestKeys(sums.data(), distinct, kept, out->flat<int32_t>().data());
-    return ::tensorflow::OkStatus();
+    return HostScratch("the selection of the kept sums",
+                       [&] { KeepSmallestKeys(sums.data(), distinct, kept, out->flat<int32_t>().data()); });
   }
 };
 

@@ -31,7 +31,8 @@ struct EstimateThresholdLauncher<CpuDevice, T> {
     // Sample positions (in the parts' joint index space) are computed a block ahead of the loads and
     // mapped to their part, and the loads prefetched, so that the cache and TLB misses of many
     // samples overlap. Positions increase within a block, so the part only moves forward.
-    std::vector<BitsOf<T>> keys(n);
+    std::vector<BitsOf<T>> keys;
+    TF_RETURN_IF_ERROR(HostScratch("the samples", [&] { keys.resize(n); }));
     ParallelForBlocks(context, n, kSampleBlock, /*cost_per_element=*/50, [&](int64_t first, int64_t last) {
       const BitsOf<T>* grads[kSampleBlock];
       const BitsOf<T>* addends[kSampleBlock];

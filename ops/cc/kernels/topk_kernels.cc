@@ -26,15 +26,20 @@ struct TopkCompressLauncher<CpuDevice, T> {
     const BitsOf<T>* g = AsBits(grad_values);
 
     // Each block keeps its own k best; the k best of those candidates are the k best overall.
-    std::vector<std::vector<uint64_t>> candidates = CollectInBlocks<uint64_t>(
-        context, size, kSelectBlock, [&](int64_t begin, int64_t end, std::vector<uint64_t>* words) {
+    std::vector<std::vector<uint64_t>> candidates;
+    TF_RETURN_IF_ERROR(CollectInBlocks<uint64_t>(
+        context, size, kSelectBlock,
+        [&](int64_t begin, int64_t end, std::vector<uint64_t>* words) {
           TopKCandidatesRange<Format>(g, begin, end, k, words);
-        });
+        },
+        &candidates));
     std::vector<uint64_t> words;
-    for (auto& list : candidates) {
-      words.insert(words.end(), list.begin(), list.end());
-      std::vector<uint64_t>().swap(list);
-    }
+    TF_RETURN_IF_ERROR(HostScratch("the candidates", [&] {
+      for (auto& list : candidates) {
+        words.insert(words.end(), list.begin(), list.end());
+        std::vector<uint64_t>().swap(list);
+      }
+    }));
     const int64_t kept = KeepLargest(words.data(), words.size(), k);
     // Report in increasing index order: the low 32 bits of a word are its index.
     std::sort(words.begin(), words.begin() + kept,

@@ -209,8 +209,14 @@ REGISTER_OP("Tfcomp>SparseBatchedDecode")
     })
     .Doc(R"doc(
 Sparse batched decoding (004 Sec. 4.3): the dense sum of all (value, index) pairs, for example the
-concatenated payloads of K workers, in one pass. Index -1 is skipped; duplicate indices add up.
-An index < -1 or >= size is an InvalidArgument error and nothing is written.
+concatenated payloads of K workers, in one pass. Index -1 is skipped; duplicate indices add up, in
+pair order, from 0. An index < -1 or >= size is an InvalidArgument error and nothing is written.
+
+Subnormal sums are flushed to zero on the CPU, where float32 and bfloat16 add in float32 under
+TensorFlow's floating-point mode (FTZ and DAZ): a value of magnitude below 2^-126 (1.18e-38) adds as
+a zero of its sign, and a sum (partial or final) that lands below it becomes a zero of its sign, so
+1.5e-38 + -1.4e-38 gives +0 and -1.5e-38 + 1.4e-38 gives -0. float16 keeps its subnormals (they are
+normal float32 values). The GPU kernel does not flush: it keeps float32 and bfloat16 subnormals.
 
 values: [n], float32, float16 or bfloat16.
 indices: [n] int32.
@@ -310,6 +316,7 @@ REGISTER_OP("Tfcomp>HashPartition")
       TF_RETURN_IF_ERROR(RequireRank(c, 1, "indices", 1));
       int64_t num_parts;
       TF_RETURN_IF_ERROR(c->GetAttr("num_parts", &num_parts));
+      TF_RETURN_IF_ERROR(CheckNumParts(num_parts));
       c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, 2));
       c->set_output(1, c->Vector(num_parts));
       return ::tensorflow::OkStatus();
@@ -322,6 +329,7 @@ Pairs with index -1 (empty slots) are dropped; an index < -1 is an InvalidArgume
 
 values: [m] float32.
 indices: [m] int32, -1 or a flat index >= 0.
+num_parts: the number of owners (ranks), 1 to 2^20 (splits holds one int32 per owner).
 rows: [n, 2] int32: (index, the float32 bits of its value) of the n pairs with index >= 0, owner 0's
   first, then owner 1's, ..., in input order within an owner.
 splits: [num_parts] int32: how many rows each owner gets.
