@@ -63,6 +63,7 @@ def test_bad_arguments(rng, kwargs, error, message):
         ops.dgc_compress(**args)
 
 
+@pytest.mark.jobs
 def test_selected_indices_beyond_the_memory_are_an_error_not_an_abort():
     """2^25 elements, every one selected, max_out 2^16, within 64 MiB more, on two intra-op threads:
     the lists of selected indices that the pool threads collect outgrow the memory, and a pool

@@ -10,6 +10,8 @@ import pytest
 
 from tests.helpers import REPO_ROOT, child_env, horovodrun
 
+pytestmark = pytest.mark.jobs  # every test here starts processes
+
 WORKERS = 2
 
 

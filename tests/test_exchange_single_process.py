@@ -870,12 +870,13 @@ def test_cpu_allocator_advice(monkeypatch, setting, tensor_elements, bucket_elem
     from types import SimpleNamespace
 
     from tfcomp.exchange import _cpu_allocator_advice
+    from tfcomp.strategies import STRATEGIES
 
     if setting is None:
         monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
     else:
         monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", setting)
-    plan = SimpleNamespace(buckets=(SimpleNamespace(elements=bucket_elements, strategy=strategy),))
+    plan = SimpleNamespace(buckets=(SimpleNamespace(elements=bucket_elements, strategy=STRATEGIES[strategy]),))
     tensors = [(i, f"tensor_{i}", tensor_elements) for i in range(bucket_elements // tensor_elements)]
     advice = _cpu_allocator_advice(plan, tensors)
     if advised:

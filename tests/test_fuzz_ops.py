@@ -37,6 +37,7 @@ def run_batch(op: str, seed: int, first: int, count: int) -> tuple:
     return outcomes, crashed, child.returncode if died else 0, child.stderr
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize("op", OPS)
 def test_fuzz(op, rng):
     seed = int(rng.integers(2**31))

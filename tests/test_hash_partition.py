@@ -94,6 +94,7 @@ def test_bad_arguments_are_named(values, indices, num_parts, error, match):
 @pytest.mark.parametrize("call", [f"ops.hash_partition({THREE_PAIRS}, 2**26)",
                                   f"raw.tfcomp_hash_partition({THREE_PAIRS}, num_parts=2**26)"],
                          ids=["wrapper", "kernel"])
+@pytest.mark.jobs
 def test_a_huge_num_parts_is_refused_by_name_in_little_memory(call):
     """num_parts = 2^26 for 3 pairs once took 772 MiB and ended the process on an uncaught
     std::bad_alloc; now the wrapper and, without it, the kernel refuse it, naming num_parts and its
@@ -110,6 +111,7 @@ def test_the_shape_function_refuses_a_huge_num_parts():
         tf.function(lambda: raw_op(np.ones(3, np.float32), np.zeros(3, np.int32), num_parts=2**20 + 1))()
 
 
+@pytest.mark.jobs
 def test_the_largest_num_parts_partitions_in_little_memory(rng, tmp_path):
     """num_parts = 2^20: the reference's rows and splits within 32 MiB, of which splits take 4 (a
     scratch of num_parts cursors is not needed: the kernel's memory is its outputs)."""

@@ -31,6 +31,7 @@ except ops.OpLibraryError as error:
 """
 
 
+@pytest.mark.jobs
 def test_missing_library_says_how_to_build(tmp_path):
     result = run_python(FIRST_USE, str(tmp_path / "nowhere" / "_tfcomp_ops.so"))
     assert result.returncode == 0, result.stderr
@@ -39,6 +40,7 @@ def test_missing_library_says_how_to_build(tmp_path):
     assert "scripts/build_ops.sh" in result.stdout
 
 
+@pytest.mark.jobs
 def test_library_built_for_another_tensorflow_says_what_and_how(tmp_path):
     data = ops.library_path().read_bytes()
     marker = f"TFCOMP_BUILD_INFO{{tf={tf.__version__}}}".encode()
@@ -91,6 +93,7 @@ def test_kernels_bound_lengths_without_the_wrapper(op, inputs, attr, value):
         ("ops.sparse_batched_decode(np.ones(3, np.float32), np.array([0, 5, 9], np.int32), 2**31 - 1)", "size"),
     ],
 )
+@pytest.mark.jobs
 def test_a_length_beyond_the_memory_is_an_error_that_names_it(call, attr):
     """An output of 2^31 - 1 elements within 512 MiB: ResourceExhausted naming the length attribute
     that asked for it (in a child process whose address space is limited)."""

@@ -129,6 +129,7 @@ def test_kernel_and_shape_function_name_a_bad_max_pairs():
             tf.TensorSpec([None, 2], tf.int32))
 
 
+@pytest.mark.jobs
 def test_scratch_beyond_the_memory_is_an_error_not_an_abort():
     """2^24 rows (128 MiB) within 256 MiB more: the kernel's scratch (three times the rows) does not
     fit, and its std::bad_alloc, which ended the process, is a ResourceExhausted error (in a child
