@@ -128,6 +128,21 @@ def test_a_string_compression_is_refused_at_construction_after_a_bare_import_tfc
         assert message.endswith("got 'dragonn' (a string): write compression=tfcomp.DRAGONN()"), message
 
 
+@pytest.mark.parametrize("module", ["tfcomp.exchange", "tfcomp.collectives", "tfcomp.step", "tfcomp.horovod_glue",
+                                    "tfcomp.compressors"])
+def test_any_tfcomp_module_imported_before_horovod_leaves_the_glue_installed(module):
+    """The glue installs itself when Horovod's TensorFlow package is imported, also where that import comes from
+    inside a tfcomp module's own imports (no circular-import error)."""
+    code = (f"import {module}\n"
+            "import horovod.tensorflow.keras\n"
+            "import horovod._keras, horovod.tensorflow as hvd\n"
+            "print(hvd._make_allreduce_grads_fn._tfcomp_wrapped, horovod._keras.create_distributed_optimizer._tfcomp_wrapped)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.stdout.split() == ["True", "True"]
+
+
 @pytest.mark.parametrize("kind, what", [("compressor", "compressor"), ("model", "gradients")])
 def test_ranks_that_disagree_raise_on_every_rank(tmp_path, kind, what):
     found = run_worker(tmp_path, "--mismatch", kind)

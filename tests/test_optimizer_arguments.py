@@ -146,6 +146,15 @@ def test_horovods_factory_arguments_are_bound_by_name_however_they_are_passed():
     assert not isinstance(horovod_fn, tfcomp.GradientExchange) and callable(horovod_fn)
 
 
+def test_a_horovod_hook_without_a_parameter_the_glue_reads_is_refused(monkeypatch):
+    module, function, reads = horovod_glue.HOROVOD_HOOKS["reduction"]
+    monkeypatch.setitem(horovod_glue.HOROVOD_HOOKS, "reduction", (module, function, (*reads, "bucket_bytes")))
+    with pytest.raises(RuntimeError, match=r"tfcomp cannot wrap horovod.tensorflow._make_allreduce_grads_fn\(name, .*"
+                                           r"\) of Horovod 0.28.1: it has no parameter bucket_bytes. "
+                                           r"Install a supported Horovod: .*horovod==0.28.1"):
+        horovod_glue.install()
+
+
 def test_tf1_graph_mode_is_refused_at_construction():
     with tf.Graph().as_default():
         with pytest.raises(RuntimeError, match="TensorFlow 2 modes only"):

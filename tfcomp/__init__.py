@@ -47,9 +47,7 @@ def __getattr__(name: str):
         return importlib.import_module(f"tfcomp.{name}")
     if name not in _NAMES:
         raise AttributeError(f"module 'tfcomp' has no attribute {name!r}")
-    from tfcomp.horovod_glue import install
-
-    install()
+    _install_glue()
     value = getattr(importlib.import_module(f"tfcomp.{_NAMES[name]}"), name)
     globals()[name] = value
     return value
@@ -63,9 +61,9 @@ _HOROVOD_TENSORFLOW = "horovod.tensorflow"
 
 
 def _install_glue() -> None:
-    from tfcomp.horovod_glue import install
-
-    install()
+    """Imports tfcomp.horovod_glue, which installs itself (where Horovod's TensorFlow package is imported from
+    inside the glue's own imports, the glue is already in sys.modules and installs itself when it is done)."""
+    importlib.import_module("tfcomp.horovod_glue")
 
 
 class _GlueAfterHorovod(importlib.abc.MetaPathFinder, importlib.abc.Loader):

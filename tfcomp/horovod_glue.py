@@ -1,6 +1,6 @@
-"""Thin glue that lets stock Horovod run tfcomp's exchange (installed on the first use of a
-compressor or the optimizer through the `tfcomp` package, and as soon as Horovod's TensorFlow
-package is imported after `import tfcomp`).
+"""Thin glue that lets stock Horovod run tfcomp's exchange, installed when this module is imported:
+on the first use of a compressor or the optimizer through the `tfcomp` package, or as soon as
+Horovod's TensorFlow package is imported after `import tfcomp` (see `tfcomp/__init__.py`).
 
 Importing this module first checks that the installed Horovod is one tfcomp supports
 (`SUPPORTED_HOROVOD`), with an error that says what is installed and what to install.
@@ -66,8 +66,10 @@ check_supported_horovod()  # before anything imports Horovod's TensorFlow packag
 import horovod.tensorflow as hvd  # noqa: E402  (after the version check)
 import tensorflow as tf  # noqa: E402
 
+# tfcomp.exchange is imported by the calls that need it, not here: `import tfcomp` installs this glue as soon as
+# Horovod's TensorFlow package is imported, which may be from inside the imports of tfcomp.exchange or of a module
+# it imports (tfcomp.collectives, tfcomp.step, ...).
 from tfcomp.compressors import Compressor, check_compression  # noqa: E402
-from tfcomp.exchange import GradientExchange, check_predivide_factor, check_tf2_mode, exchange_of  # noqa: E402
 from tfcomp.version import check_supported_stack  # noqa: E402
 
 # Horovod 0.28's private hooks that tfcomp wraps: (module, function, the parameters the wrapper reads).
@@ -101,6 +103,8 @@ def validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_
         )
     if not isinstance(compression, Compressor):
         return
+    from tfcomp.exchange import check_predivide_factor, check_tf2_mode
+
     check_tf2_mode()
     _check_no_strategy()
     if compression.collective != "dense" and op == hvd.Adasum:
@@ -111,8 +115,10 @@ def validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_
     check_predivide_factor(gradient_predivide_factor)
 
 
-def _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set) -> GradientExchange:
-    """A new exchange for an optimizer; for a tape, the one exchange of its settings."""
+def _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):
+    """A new `GradientExchange` for an optimizer; for a tape, the one exchange of its settings."""
+    from tfcomp.exchange import GradientExchange
+
     _check_no_strategy()
     if name != _TAPE_NAME:
         return GradientExchange(compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
@@ -168,6 +174,8 @@ def install() -> None:
                                      given["gradient_predivide_factor"])
         distributed = original_create(*args, **kwargs)
         if isinstance(given["compression"], Compressor):
+            from tfcomp.exchange import exchange_of
+
             exchange = exchange_of(distributed)
             distributed._track_trackable(exchange, name="tfcomp_exchange", overwrite=True)
             exchange.serve_keras_optimizer(distributed)
@@ -177,3 +185,6 @@ def install() -> None:
         setattr(wrapper, _MARK, True)
     setattr(reduction_module, HOROVOD_HOOKS["reduction"][1], make_allreduce_grads_fn)
     setattr(keras_module, HOROVOD_HOOKS["keras_optimizer"][1], create_distributed_optimizer)
+
+
+install()
