@@ -58,7 +58,7 @@ def check_supported_horovod(installed: str | None = None) -> None:
         raise RuntimeError(
             f"tfcomp supports Horovod {','.join(SUPPORTED_HOROVOD)} (built and tested with 0.28.1); {found}. "
             f"Install Horovod 0.28.1 built with Gloo and TensorFlow, against the TensorFlow you run: {INSTALL_HOROVOD} "
-            "(scripts/setup.sh does this; README, \"Set-up\")")
+            "(as scripts/setup.sh does)")
 
 
 check_supported_horovod()  # before anything imports Horovod's TensorFlow package, whose import may fail otherwise
