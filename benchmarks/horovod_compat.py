@@ -16,15 +16,21 @@ The harness copies that `test/` folder into a temporary directory and runs each 
 from there, one run at a time, cut off after --timeout seconds. The shim (see its docstring) makes
 tfcomp's compressor the default compression of Horovod's DistributedOptimizer and
 DistributedGradientTape (tensorflow, tensorflow.keras and keras, and their Partial variants) and logs
-each test's outcome per rank. Compressions: `none` (nothing patched: stock Horovod, the baseline),
-`NoCompression`, `FP16`, `TopK` (tfcomp.TopK(ratio=1.0, strategy="allgather")). This checkout comes
-first on the workers' PYTHONPATH, so its tfcomp is the one tested; each run gets a fresh calibration
-cache in its temporary directory.
+each test's outcome per rank and the strategies its tfcomp exchanges used. Compressions: `none`
+(nothing patched: stock Horovod, the baseline), `NoCompression`, `FP16`, `TopK`
+(tfcomp.TopK(ratio=1.0, strategy="allgather", min_elements=1)), `TopK-artopk` (the same with
+strategy="artopk"): the sparsifiers keep every element, so Horovod's exact expectations hold, and are
+forced onto the compressed path (by default tensors under 8192 elements, all of Horovod's test
+models, go dense). Horovod's test_tensorflow.py and test_tensorflow_process_sets.py run every test
+twice, first in TF1 graph mode, which tfcomp refuses by design, then eagerly: the shim leaves the
+graph-mode half's calls to Horovod (column `Graph mode`: tests that had such calls) so that the
+eager half runs with tfcomp. This checkout comes first on the workers' PYTHONPATH, so its tfcomp is
+the one tested; each run gets a fresh calibration cache in its temporary directory.
 
 Run from the repository root:
 
   python -m benchmarks.horovod_compat --horovod_tests=/tmp/horovod-tests/test
-      [--horovod_ref=v0.28.1] [--compression=none,NoCompression,FP16,TopK] [--files=test_tensorflow.py,...]
+      [--horovod_ref=v0.28.1] [--compression=none,NoCompression,FP16,TopK,TopK-artopk] [--files=test_tensorflow.py,...]
       [--timeout=1800] [--keep_logs=DIR] [--json_out=benchmarks/results/horovod_compat.json]
       [--markdown_out=benchmarks/results/horovod_compat.md]
 
@@ -49,9 +55,9 @@ from absl import app, flags
 from benchmarks.cluster import horovodrun_executable
 from benchmarks.tables import markdown_table, text_table
 
-__all__ = ["COMPRESSIONS", "FILES", "group_failures", "run_file"]
+__all__ = ["COMPRESSIONS", "FILES", "group_failures", "run_file", "strategies_per_test"]
 
-COMPRESSIONS = ["none", "NoCompression", "FP16", "TopK"]
+COMPRESSIONS = ["none", "NoCompression", "FP16", "TopK", "TopK-artopk"]
 FILES = ["test_tensorflow2_keras.py", "test_tensorflow2_keras_process_sets.py", "test_tensorflow_process_sets.py",
          "test_tensorflow.py"]
 OUTCOMES = ["passed", "failed", "skipped", "error"]
@@ -151,9 +157,13 @@ def run_file(test_dir: str, file: str, compression: str, timeout: int, log_dir: 
     def tests_with(key):
         return len({t["test"] for log in logs for t in log["tests"] if t.get(key)})
 
+    strategies = collections.Counter(s for t in logs[0]["tests"] for s in t.get("strategies", {}))
     return {"file": file, "compression": compression, "seconds": round(seconds), "timed_out": returncode is None,
             "returncode": returncode, "tfcomp": logs[0]["tfcomp"], "collected": [log["collected"] for log in logs],
             "ranks": ranks, "tests_replaced": tests_with("replaced"), "tests_explicit": tests_with("explicit"),
+            "tests_graph_mode": tests_with("graph_mode"), "strategies": dict(strategies),
+            "test_strategies": {t["test"].split("::", 1)[-1]: t["strategies"] for t in logs[0]["tests"]
+                                if t.get("strategies")},
             "failures": sorted(failures.values(), key=lambda f: f["test"])}
 
 
@@ -171,9 +181,27 @@ def group_failures(results: list) -> dict:
     return groups
 
 
+def strategies_per_test(results: list) -> dict:
+    """{file: {test: {compression: "strategy xN, ..."}}} over the results that recorded them."""
+    table = {}
+    for result in results:
+        for test, counts in result.get("test_strategies", {}).items():
+            text = ", ".join(f"{s} x{n}" for s, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+            table.setdefault(result["file"], {}).setdefault(test, {})[result["compression"]] = text
+    return table
+
+
 def _per_rank(result: dict, key: str) -> str:
     values = [rank[key] for rank in result["ranks"]]
     return "/".join("-" if v is None else str(v) for v in values)
+
+
+def _strategies(result: dict) -> str:
+    """"strategy: tests" over the tests of rank 0, most used first; "-" for stock Horovod."""
+    if result["compression"] == "none":
+        return "-"
+    counts = sorted(result.get("strategies", {}).items(), key=lambda item: (-item[1], item[0]))
+    return ", ".join(f"{strategy}: {tests}" for strategy, tests in counts) or "none recorded"
 
 
 def _columns() -> list:
@@ -182,20 +210,35 @@ def _columns() -> list:
             return "timed out"
         return "" if r["returncode"] == 0 else f"rc {r['returncode']}"
 
+    def tfcomp_column(key):
+        return lambda r: "-" if r["compression"] == "none" or key not in r else str(r[key])
+
     return ([("File", 40, lambda r: r["file"]), ("Compression", 13, lambda r: r["compression"]),
              ("Seconds", 7, lambda r: str(r["seconds"]))]
             + [(key.replace("_", " ").capitalize(), 9, lambda r, key=key: _per_rank(r, key))
                for key in OUTCOMES + ["not_run"]]
-            + [("tfcomp tests", 12, lambda r: "-" if r["compression"] == "none" else str(r["tests_replaced"])),
-               ("Note", 9, note)])
+            + [("tfcomp tests", 12, tfcomp_column("tests_replaced")), ("Graph mode", 10, tfcomp_column("tests_graph_mode")),
+               ("Strategies (tests)", 30, _strategies), ("Note", 9, note)])
 
 
 def markdown(results: list, header: str) -> str:
     lines = [header, "", markdown_table(_columns(), results, first_left=True), "",
              "Counts are rank 0 / rank 1. `Not run`: collected but without an outcome (cut off by the timeout, or "
              "the worker died). `tfcomp tests`: tests in which a DistributedOptimizer or tape got tfcomp's "
-             "compressor. Tests that passed their own compression: "
-             f"{sum(r['tests_explicit'] for r in results)}.", "", "## Failures and errors, by first error line", ""]
+             "compressor. `Graph mode`: tests whose TF1 graph-mode half (refused by tfcomp by design) was left to "
+             "Horovod's own compression, their eager half running with tfcomp's. `Strategies (tests)`: how the "
+             "tests' tfcomp exchanges sent their gradients (from `tfcomp.exchange_of(...).records`; a test "
+             "counts once per strategy it used): `TopK allgather` / `TopK artopk` compressed buckets, `allreduce` "
+             "dense (dtypes tfcomp does not compress, such as float64 and integers, and NoCompression), "
+             "`fp16 allreduce`, `sparse allgather` (IndexedSlices). Tests that passed their own compression: "
+             f"{sum(r['tests_explicit'] for r in results)}.", "", "## Strategies per test", "",
+             "How each test's tfcomp exchanges sent the gradients (rank 0; gradients per strategy).", ""]
+    for file, by_test in strategies_per_test(results).items():
+        lines += [f"### {file}", ""]
+        lines += [f"- {test}: " + "; ".join(f"{compression}: {counts}" for compression, counts in by_compression.items())
+                  for test, by_compression in sorted(by_test.items())]
+        lines.append("")
+    lines += ["## Failures and errors, by first error line", ""]
     for file, by_message in group_failures(results).items():
         lines += [f"### {file}", ""]
         for message, by_test in sorted(by_message.items(), key=lambda item: -len(item[1])):

@@ -3,23 +3,33 @@
 Loaded into every worker's pytest with `-p benchmarks.horovod_compat_shim`; configured by the
 environment that `benchmarks.horovod_compat` sets:
 
-  TFCOMP_COMPAT_COMPRESSION  "none" (patch nothing: stock Horovod), "NoCompression", "FP16" or
-                             "TopK" (tfcomp.TopK(ratio=1.0, strategy="allgather")).
+  TFCOMP_COMPAT_COMPRESSION  "none" (patch nothing: stock Horovod) or a key of `COMPRESSORS`.
   TFCOMP_COMPAT_OUT          folder for `rank<HOROVOD_RANK>.jsonl`.
 
 With a tfcomp compression it wraps the Horovod entry points in `WRAPPED` so that a call that passes
 no `compression`, or Horovod's default `Compression.none`, gets a fresh tfcomp compressor instead;
-a call with any other compression keeps it. The log has one JSON line per test, written when the
-test ends (so a run cut off by its timeout keeps what it finished):
-{"test", "outcome", "message", "replaced", "explicit"}, where outcome is pytest's passed /
-failed / skipped / error (a failure outside the test's call: setup, teardown, or collection, whose
-"test" is then the module), message the first line of the error or skip reason (joined with the
-next ones while it ends in ":"; for an error inside a tf.function, with the error's last line),
-replaced and explicit the wrapped calls of the test that got tfcomp's compressor or kept their own
-(a call from inside another wrapped call is not counted). The first line is
-{"collected": n, "tfcomp": path or null}.
+a call with any other compression keeps it. The sparsifiers of `COMPRESSORS` keep every element
+(ratio 1, so Horovod's exact expectations still hold) and are forced onto the compressed path:
+`min_elements=1` (by default tensors under 8192 elements, all of Horovod's test models, go dense)
+and one strategy for every bucket. A call made in TF1 graph mode, which tfcomp refuses by design
+(the first half of every test that Horovod's files run with `run_all_in_graph_and_eager_modes`),
+is left to Horovod as it is, so that the eager half of the test still runs with tfcomp.
+
+The log has one JSON line per test, written when the test ends (so a run cut off by its timeout
+keeps what it finished): {"test", "outcome", "message", "replaced", "explicit", "graph_mode",
+"strategies"}, where outcome is pytest's passed / failed / skipped / error (a failure outside the
+test's call: setup, teardown, or collection, whose "test" is then the module), message the first
+line of the error or skip reason (joined with the next ones while it ends in ":"; for an error
+inside a tf.function, with the error's last line), replaced and explicit the wrapped calls of the
+test that got tfcomp's compressor or kept their own, graph_mode the calls left to Horovod in TF1
+graph mode (a call from inside another wrapped call is not counted), and strategies
+{strategy: gradients} over the tfcomp exchanges of the test's optimizers and tapes
+(`tfcomp.exchange_of(...).records`, how the last list of gradients each exchanged was sent:
+"TopK allgather", "allreduce", "fp16 allreduce", "sparse allgather" ...; "not run" for an exchange
+that exchanged nothing). The first line is {"collected": n, "tfcomp": path or null}.
 """
 
+import collections
 import functools
 import inspect
 import json
@@ -30,7 +40,8 @@ __all__ = ["COMPRESSORS", "WRAPPED"]
 COMPRESSORS = {
     "NoCompression": lambda tfcomp: tfcomp.NoCompression(),
     "FP16": lambda tfcomp: tfcomp.FP16(),
-    "TopK": lambda tfcomp: tfcomp.TopK(ratio=1.0, strategy="allgather"),
+    "TopK": lambda tfcomp: tfcomp.TopK(ratio=1.0, strategy="allgather", min_elements=1),
+    "TopK-artopk": lambda tfcomp: tfcomp.TopK(ratio=1.0, strategy="artopk", min_elements=1),
 }
 WRAPPED = {
     "horovod.tensorflow": ["DistributedOptimizer", "DistributedGradientTape", "PartialDistributedGradientTape"],
@@ -38,7 +49,8 @@ WRAPPED = {
     "horovod.keras": ["DistributedOptimizer", "PartialDistributedOptimizer"],
 }
 
-_calls = {"replaced": 0, "explicit": 0, "depth": 0}
+_calls = {"replaced": 0, "explicit": 0, "graph_mode": 0, "depth": 0}
+_built = []  # what the test's wrapped calls that got tfcomp's compressor returned
 _reports = {}
 _log = None
 _tfcomp_path = None
@@ -47,6 +59,14 @@ _tfcomp_path = None
 def _write(record: dict) -> None:
     _log.write(json.dumps(record) + "\n")
     _log.flush()
+
+
+def _tf1_graph_mode() -> bool:
+    """Whether TensorFlow builds a TF1 graph here (eager execution off outside any tf.function)."""
+    import tensorflow as tf
+
+    with tf.init_scope():
+        return not tf.executing_eagerly()
 
 
 def _with_tfcomp_default(function, make_compressor):
@@ -59,18 +79,43 @@ def _with_tfcomp_default(function, make_compressor):
         if _calls["depth"]:  # called by another wrapped function (a Partial variant): leave it alone
             return function(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
-        if bound.arguments.get("compression", Compression.none) is Compression.none:
+        replaced = False
+        if bound.arguments.get("compression", Compression.none) is not Compression.none:
+            _calls["explicit"] += 1
+        elif _tf1_graph_mode():
+            _calls["graph_mode"] += 1
+        else:
             bound.arguments["compression"] = make_compressor()
             _calls["replaced"] += 1
-        else:
-            _calls["explicit"] += 1
+            replaced = True
         _calls["depth"] += 1
         try:
-            return function(*bound.args, **bound.kwargs)
+            built = function(*bound.args, **bound.kwargs)
         finally:
             _calls["depth"] -= 1
+        if replaced:
+            _built.append(built)
+        return built
 
     return wrapper
+
+
+def _strategies() -> dict:
+    """{strategy: gradients} over the exchanges behind what the test's replaced calls built."""
+    import tfcomp
+
+    counts = collections.Counter()
+    exchanges = {}
+    for built in _built:
+        try:
+            exchange = tfcomp.exchange_of(built)
+        except TypeError:
+            counts["no tfcomp exchange"] += 1
+            continue
+        exchanges[id(exchange)] = exchange
+    for exchange in exchanges.values():
+        counts.update([r.strategy for r in exchange.records] or ["not run"])
+    return dict(counts)
 
 
 def _install(compression: str) -> str:
@@ -123,11 +168,12 @@ def pytest_collection_finish(session):
 def pytest_collectreport(report):
     if report.failed:
         _write({"test": report.nodeid, "outcome": "error", "message": _first_line(report), "replaced": 0,
-                "explicit": 0})
+                "explicit": 0, "graph_mode": 0, "strategies": {}})
 
 
 def pytest_runtest_logstart(nodeid, location):
-    _calls.update(replaced=0, explicit=0)
+    _calls.update(replaced=0, explicit=0, graph_mode=0)
+    _built.clear()
     _reports.clear()
 
 
@@ -149,7 +195,9 @@ def pytest_runtest_logreport(report):
     else:
         outcome, source = "passed", None
     _write({"test": report.nodeid, "outcome": outcome, "message": _first_line(source) if source else "",
-            "replaced": _calls["replaced"], "explicit": _calls["explicit"]})
+            "replaced": _calls["replaced"], "explicit": _calls["explicit"], "graph_mode": _calls["graph_mode"],
+            "strategies": _strategies()})
+    _built.clear()
 
 
 def pytest_unconfigure(config):

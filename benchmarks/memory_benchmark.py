@@ -111,6 +111,8 @@ def run_worker(config: str, elements: int, steps: int, json_out: str) -> None:
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
+    import tfcomp
+
     hvd.init()
     _reset_peak()
     before = _memory_kib()
@@ -119,9 +121,8 @@ def run_worker(config: str, elements: int, steps: int, json_out: str) -> None:
     var = tf.Variable(tf.zeros([elements // COLUMNS_PER_ROW, COLUMNS_PER_ROW]), name="kernel")
     grad = tf.random.normal(var.shape, seed=hvd.rank())
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01), compression=_compression(config))
-    exchange = optimizer._allreduce_grads
     reduced = optimizer._allreduce([grad], [var])  # traces, negotiates, creates residuals and buffers
-    strategy = exchange.records[0].strategy if hasattr(exchange, "records") else "horovod allreduce"
+    strategy = "horovod allreduce" if config == "none" else tfcomp.exchange_of(optimizer).records[0].strategy
     del reduced
     ratios = []
     for _ in range(steps):

@@ -219,7 +219,10 @@ class Trainer:
 
     @property
     def exchange(self):
-        return getattr(self.optimizer, "_allreduce_grads", None)
+        try:
+            return tfcomp.exchange_of(self.optimizer)
+        except TypeError:  # plain Horovod, or no wrapper
+            return None
 
     def parameters(self):
         return sum(int(v.shape.num_elements()) for v in self.model.trainable_variables)

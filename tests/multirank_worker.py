@@ -123,7 +123,7 @@ def check_training(report):
     report["spread/legacy_optimizer"] = weights_spread(model)
     model, opt = fit(COMPRESSORS["DRAGONN"](), backward_passes_per_step=2)
     report["spread/backward_passes_per_step=2"] = weights_spread(model)
-    report["communications/backward_passes_per_step=2"] = int(opt._allreduce_grads.step.numpy())
+    report["communications/backward_passes_per_step=2"] = int(tfcomp.exchange_of(opt).step.numpy())
     reference, _ = fit(COMPRESSORS["DRAGONN"]())
     model, _ = fit(COMPRESSORS["DRAGONN"](), gradient_predivide_factor=2.0)
     report["spread/gradient_predivide_factor=2"] = weights_spread(model)
@@ -147,7 +147,7 @@ def check_embedding(report):
         model.fit(rng.integers(0, 50, (32, 3)), rng.standard_normal((32, 1)), batch_size=8, epochs=1, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         report[f"spread/{label}"] = weights_spread(model)
-        report[f"strategy/{label}"] = opt._allreduce_grads.records[0].strategy
+        report[f"strategy/{label}"] = tfcomp.exchange_of(opt).records[0].strategy
 
 
 def check_exchange_semantics(report):
@@ -384,12 +384,12 @@ def check_checkpoint(report):
         train_steps(first_model, first_opt, batches[:3])
         directory = os.path.join(tempfile.gettempdir(), f"tfcomp_ckpt_{os.getpid()}_{name}")
         path = tf.train.Checkpoint(model=first_model, optimizer=first_opt).save(os.path.join(directory, "ckpt"))
-        residual_saved = first_opt._allreduce_grads.memory.residuals[0].numpy()
+        residual_saved = tfcomp.exchange_of(first_opt).memory.residuals[0].numpy()
 
         resumed_model, resumed_opt = fresh()
         tf.train.Checkpoint(model=resumed_model, optimizer=resumed_opt).restore(path)
         train_steps(resumed_model, resumed_opt, batches[3:4])
-        exchange = resumed_opt._allreduce_grads
+        exchange = tfcomp.exchange_of(resumed_opt)
         report[f"residual_restored/{name}"] = bool(np.any(residual_saved != 0))
         train_steps(resumed_model, resumed_opt, batches[4:])
         report[f"resume_differs/{name}"] = max(
@@ -407,7 +407,7 @@ def check_loss_scale_skip(report):
         hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=COMPRESSORS["DRAGONN"]()),
         dynamic=True, initial_scale=2.0**10)
     train_steps(model, opt, [(x[:16], y[:16])])
-    exchange = opt.inner_optimizer._allreduce_grads
+    exchange = tfcomp.exchange_of(opt)
     before = [r.numpy() for r in exchange.memory.residuals]
     weights = [w.copy() for w in model.get_weights()]
     opt._loss_scale._current_loss_scale.assign(float("inf"))  # the scaled gradients are not finite

@@ -86,6 +86,65 @@ def test_rank0_only_checkpoint_resumes_exactly_after_gather_state(reports):
     assert all(s == [8, 8] for s in values(reports, "rank0_resume_step").values())
 
 
+STRING_COMPRESSION_PROBE = """
+import json, sys
+if sys.argv[1] == "tfcomp first":
+    import tfcomp
+    import horovod.tensorflow.keras as hvd
+else:
+    import horovod.tensorflow.keras as hvd
+    import tfcomp
+import horovod.tensorflow as hvd_tf
+import tensorflow as tf
+hvd.init()
+refusals = {}
+for entry, build in [
+        ("horovod.tensorflow.keras.DistributedOptimizer",
+         lambda: hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression="dragonn")),
+        ("horovod.tensorflow.DistributedOptimizer",
+         lambda: hvd_tf.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression="dragonn")),
+        ("horovod.tensorflow.DistributedGradientTape",
+         lambda: hvd_tf.DistributedGradientTape(tf.GradientTape(), compression="dragonn"))]:
+    try:
+        build()
+        refusals[entry] = None
+    except TypeError as error:
+        refusals[entry] = str(error)
+print(json.dumps(refusals))
+"""
+
+
+@pytest.mark.parametrize("order", ["tfcomp first", "horovod first"])
+def test_a_string_compression_is_refused_at_construction_after_a_bare_import_tfcomp(order):
+    """A program that only imports tfcomp (no other tfcomp name used) and gives Horovod's entry points a
+    string: refused when the optimizer or tape is built, in either import order (before, the string went
+    through and the first step failed inside Horovod's graph: 'str' object has no attribute 'compress')."""
+    result = subprocess.run([sys.executable, "-c", STRING_COMPRESSION_PROBE, order], cwd=REPO_ROOT, env=child_env(),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-5000:]
+    refusals = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(refusals) == 3
+    for entry, message in refusals.items():
+        assert message is not None, f"{entry} accepted compression='dragonn'"
+        assert message.startswith("compression must be a tfcomp compressor instance"), message
+        assert message.endswith("got 'dragonn' (a string): write compression=tfcomp.DRAGONN()"), message
+
+
+@pytest.mark.parametrize("module", ["tfcomp.exchange", "tfcomp.collectives", "tfcomp.step", "tfcomp.horovod_glue",
+                                    "tfcomp.compressors"])
+def test_any_tfcomp_module_imported_before_horovod_leaves_the_glue_installed(module):
+    """The glue installs itself when Horovod's TensorFlow package is imported, also where that import comes from
+    inside a tfcomp module's own imports (no circular-import error)."""
+    code = (f"import {module}\n"
+            "import horovod.tensorflow.keras\n"
+            "import horovod._keras, horovod.tensorflow as hvd\n"
+            "print(hvd._make_allreduce_grads_fn._tfcomp_wrapped, horovod._keras.create_distributed_optimizer._tfcomp_wrapped)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=child_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert result.stdout.split() == ["True", "True"]
+
+
 @pytest.mark.parametrize("kind, what", [("compressor", "compressor"), ("model", "gradients")])
 def test_ranks_that_disagree_raise_on_every_rank(tmp_path, kind, what):
     found = run_worker(tmp_path, "--mismatch", kind)

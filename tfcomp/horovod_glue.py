@@ -1,18 +1,23 @@
-"""Thin glue that lets stock Horovod run tfcomp's exchange (installed on the first use of a
-compressor or the optimizer through the `tfcomp` package).
+"""Thin glue that lets stock Horovod run tfcomp's exchange, installed when this module is imported:
+on the first use of a compressor or the optimizer through the `tfcomp` package, or as soon as
+Horovod's TensorFlow package is imported after `import tfcomp` (see `tfcomp/__init__.py`).
+
+Importing this module first checks that the installed Horovod is one tfcomp supports
+(`SUPPORTED_HOROVOD`), with an error that says what is installed and what to install.
 
 Horovod's `DistributedOptimizer`s (Keras and TF2) and `DistributedGradientTape` build their per-step
-reduction with `horovod.tensorflow._make_allreduce_grads_fn(...)`, and the Keras optimizer class
-with `horovod._keras.create_distributed_optimizer(...)`. `install()` wraps both, at run time and
-without touching Horovod's files:
+reduction with a private factory of `horovod.tensorflow`, and the Keras optimizer class with one of
+`horovod._keras` (both named in `HOROVOD_HOOKS`, the only place tfcomp names them). `install()` wraps
+both, at run time and without touching Horovod's files or classes; the wrappers bind Horovod's
+arguments by the wrapped function's own signature and pass them on unchanged:
 
-  * given a tfcomp compressor, `_make_allreduce_grads_fn` returns a `GradientExchange` instead of
+  * given a tfcomp compressor, the reduction factory returns a `GradientExchange` instead of
     Horovod's per-tensor allreduce (Horovod's own compressors go to Horovod unchanged). An
     optimizer gets an exchange of its own; tapes, which Horovod's examples build anew in every step
     and every trace, share one exchange per setting (as Horovod caches its function), so the plan
     is made once and the residuals and step counter carry over from step to step;
-  * `create_distributed_optimizer` validates the arguments, then tracks that exchange's state on
-    the new optimizer (so checkpoints carry the error-feedback residuals and the step).
+  * the optimizer factory validates the arguments, then tracks that exchange's state on the new
+    optimizer (so checkpoints carry the error-feedback residuals and the step).
 
 A tfcomp compressor class or a string given as `compression`, an optimizer built inside a
 `tf.distribute` strategy scope, and TF1 graph mode are refused at construction.
@@ -23,19 +28,59 @@ A tfcomp compressor class or a string given as `compression`, an optimizer built
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.metadata
+import inspect
 
-import horovod._keras as horovod_keras_impl
-import horovod.tensorflow as hvd
-import tensorflow as tf
+from packaging import version
 
-from tfcomp.compressors import Compressor, check_compression
-from tfcomp.exchange import GradientExchange, check_predivide_factor, check_tf2_mode
-from tfcomp.version import check_supported_stack
+__all__ = ["HOROVOD_HOOKS", "INSTALL_HOROVOD", "SUPPORTED_HOROVOD", "check_supported_horovod", "install",
+           "validate_optimizer_arguments"]
 
-__all__ = ["install", "validate_optimizer_arguments"]
+SUPPORTED_HOROVOD = (">=0.28", "<0.29")  # built and tested with 0.28.1
+INSTALL_HOROVOD = ("HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 "
+                   "HOROVOD_WITHOUT_MXNET=1 CMAKE_POLICY_VERSION_MINIMUM=3.5 "
+                   "pip install --no-build-isolation horovod==0.28.1")
 
+
+def check_supported_horovod(installed: str | None = None) -> None:
+    """Raises RuntimeError unless Horovod `installed` (default: the installed distribution's version)
+    is within `SUPPORTED_HOROVOD`; the message says what is installed, what is supported and the
+    command that installs a supported one."""
+    if installed is None:
+        try:
+            installed = importlib.metadata.version("horovod")
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+    found = "no Horovod is installed" if installed is None else f"Horovod {installed} is installed"
+    low, high = (version.parse(bound.lstrip("<>=")) for bound in SUPPORTED_HOROVOD)
+    if installed is None or not low <= version.parse(installed) < high:
+        raise RuntimeError(
+            f"tfcomp supports Horovod {','.join(SUPPORTED_HOROVOD)} (built and tested with 0.28.1); {found}. "
+            f"Install Horovod 0.28.1 built with Gloo and TensorFlow, against the TensorFlow you run: {INSTALL_HOROVOD} "
+            "(as scripts/setup.sh does)")
+
+
+check_supported_horovod()  # before anything imports Horovod's TensorFlow package, whose import may fail otherwise
+
+import horovod.tensorflow as hvd  # noqa: E402  (after the version check)
+import tensorflow as tf  # noqa: E402
+
+# tfcomp.exchange is imported by the calls that need it, not here: `import tfcomp` installs this glue as soon as
+# Horovod's TensorFlow package is imported, which may be from inside the imports of tfcomp.exchange or of a module
+# it imports (tfcomp.collectives, tfcomp.step, ...).
+from tfcomp.compressors import Compressor, check_compression  # noqa: E402
+from tfcomp.version import check_supported_stack  # noqa: E402
+
+# Horovod 0.28's private hooks that tfcomp wraps: (module, function, the parameters the wrapper reads).
+HOROVOD_HOOKS = {
+    "reduction": ("horovod.tensorflow", "_make_allreduce_grads_fn",
+                  ("name", "compression", "sparse_as_dense", "op", "gradient_predivide_factor", "process_set")),
+    "keras_optimizer": ("horovod._keras", "create_distributed_optimizer",
+                        ("optimizer", "compression", "gradient_predivide_factor", "op")),
+}
+_TAPE_NAME = "DistributedGradientTape"  # the name Horovod's tapes give the reduction factory
 _MARK = "_tfcomp_wrapped"
-_TAPE_NAME = "DistributedGradientTape"  # the name Horovod's tape gives _make_allreduce_grads_fn
 _tape_exchanges = {}
 
 
@@ -58,6 +103,8 @@ def validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_
         )
     if not isinstance(compression, Compressor):
         return
+    from tfcomp.exchange import check_predivide_factor, check_tf2_mode
+
     check_tf2_mode()
     _check_no_strategy()
     if compression.collective != "dense" and op == hvd.Adasum:
@@ -68,8 +115,10 @@ def validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_
     check_predivide_factor(gradient_predivide_factor)
 
 
-def _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set) -> GradientExchange:
-    """A new exchange for an optimizer; for a tape, the one exchange of its settings."""
+def _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):
+    """A new `GradientExchange` for an optimizer; for a tape, the one exchange of its settings."""
+    from tfcomp.exchange import GradientExchange
+
     _check_no_strategy()
     if name != _TAPE_NAME:
         return GradientExchange(compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
@@ -81,39 +130,61 @@ def _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor,
     return _tape_exchanges[key]
 
 
+def _binder(hook: str):
+    """(module, the hook's function, a function of (args, kwargs) that gives its arguments by name,
+    defaults filled in). RuntimeError where this Horovod's function lacks a parameter tfcomp reads."""
+    module_name, function_name, reads = HOROVOD_HOOKS[hook]
+    module = importlib.import_module(module_name)
+    function = getattr(module, function_name)
+    signature = inspect.signature(function)
+    missing = [p for p in reads if p not in signature.parameters]
+    if missing:
+        raise RuntimeError(f"tfcomp cannot wrap {module_name}.{function_name}{signature} of Horovod "
+                           f"{importlib.metadata.version('horovod')}: it has no parameter {', '.join(missing)}. "
+                           f"Install a supported Horovod: {INSTALL_HOROVOD}")
+
+    def arguments(args, kwargs) -> dict:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments
+
+    return module, function, arguments
+
+
 def install() -> None:
-    """Wraps Horovod's factory functions once; calling it again does nothing."""
-    original_make = hvd._make_allreduce_grads_fn
+    """Wraps Horovod's two factories (`HOROVOD_HOOKS`) once; calling it again does nothing."""
+    reduction_module, original_make, reduction_arguments = _binder("reduction")
     if getattr(original_make, _MARK, False):
         return
 
     @functools.wraps(original_make)
-    def make_allreduce_grads_fn(name, device_dense, device_sparse, compression, sparse_as_dense, op,
-                                gradient_predivide_factor, groups, process_set=hvd.global_process_set):
-        check_compression(compression)
-        if not isinstance(compression, Compressor):
-            return original_make(name, device_dense, device_sparse, compression, sparse_as_dense, op,
-                                 gradient_predivide_factor, groups, process_set=process_set)
-        return _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set)
+    def make_allreduce_grads_fn(*args, **kwargs):
+        given = reduction_arguments(args, kwargs)
+        if not isinstance(check_compression(given["compression"]), Compressor):
+            return original_make(*args, **kwargs)
+        return _exchange(given["name"], given["compression"], given["sparse_as_dense"], given["op"],
+                         given["gradient_predivide_factor"], given["process_set"])
 
-    setattr(make_allreduce_grads_fn, _MARK, True)
-    hvd._make_allreduce_grads_fn = make_allreduce_grads_fn
-
-    original_create = horovod_keras_impl.create_distributed_optimizer
+    keras_module, original_create, keras_arguments = _binder("keras_optimizer")
 
     @functools.wraps(original_create)
-    def create_distributed_optimizer(keras, optimizer, name, device_dense, device_sparse, compression,
-                                     sparse_as_dense, gradient_predivide_factor, op, *args, **kwargs):
-        validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_factor)
-        distributed = original_create(keras, optimizer, name, device_dense, device_sparse, compression,
-                                      sparse_as_dense, gradient_predivide_factor, op, *args, **kwargs)
-        exchange = getattr(distributed, "_allreduce_grads", None)
-        if isinstance(exchange, GradientExchange):
+    def create_distributed_optimizer(*args, **kwargs):
+        given = keras_arguments(args, kwargs)
+        validate_optimizer_arguments(given["optimizer"], given["compression"], given["op"],
+                                     given["gradient_predivide_factor"])
+        distributed = original_create(*args, **kwargs)
+        if isinstance(given["compression"], Compressor):
+            from tfcomp.exchange import exchange_of
+
+            exchange = exchange_of(distributed)
             distributed._track_trackable(exchange, name="tfcomp_exchange", overwrite=True)
             exchange.serve_keras_optimizer(distributed)
-            # Horovod's optimizer class is made on the fly in horovod._keras, where Keras cannot find
-            # it again: a model saved in the .keras format then loads with the inner optimizer's class.
-            type(distributed).__module__ = type(optimizer).__module__
         return distributed
 
-    horovod_keras_impl.create_distributed_optimizer = create_distributed_optimizer
+    for wrapper in (make_allreduce_grads_fn, create_distributed_optimizer):
+        setattr(wrapper, _MARK, True)
+    setattr(reduction_module, HOROVOD_HOOKS["reduction"][1], make_allreduce_grads_fn)
+    setattr(keras_module, HOROVOD_HOOKS["keras_optimizer"][1], create_distributed_optimizer)
+
+
+install()
