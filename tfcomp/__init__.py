@@ -32,7 +32,7 @@ _NAMES = {
     "Compressor": "compressors", "DGC": "compressors", "DRAGONN": "compressors", "EFSignSGD": "compressors",
     "FP16": "compressors", "IntQuant": "compressors", "NoCompression": "compressors", "QSGD": "compressors", "RandomK": "compressors",
     "TopK": "compressors", "DistributedOptimizer": "optimizer", "GradientExchange": "exchange",
-    "exchange_of": "exchange",
+    "exchange_of": "horovod_glue",
 }
 _MODULES = ("calibration", "checkpointing", "counters", "keras", "ops")
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfcomp.collectives import allgather_rows
-from tfcomp.exchange import exchange_of
+from tfcomp.horovod_glue import exchange_of
 
 __all__ = ["GatherStateCallback", "gather_state"]
 

@@ -34,8 +34,8 @@ import inspect
 
 from packaging import version
 
-__all__ = ["HOROVOD_HOOKS", "INSTALL_HOROVOD", "SUPPORTED_HOROVOD", "check_supported_horovod", "install",
-           "validate_optimizer_arguments"]
+__all__ = ["HOROVOD_HOOKS", "HOROVOD_REDUCTION_ATTRIBUTE", "INSTALL_HOROVOD", "SUPPORTED_HOROVOD",
+           "check_supported_horovod", "exchange_of", "install", "validate_optimizer_arguments"]
 
 SUPPORTED_HOROVOD = (">=0.28", "<0.29")  # built and tested with 0.28.1
 INSTALL_HOROVOD = ("HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 "
@@ -79,6 +79,8 @@ HOROVOD_HOOKS = {
     "keras_optimizer": ("horovod._keras", "create_distributed_optimizer",
                         ("optimizer", "compression", "gradient_predivide_factor", "op")),
 }
+# Where Horovod 0.28's optimizers and tapes keep the reduction the factory made (the exchange, with tfcomp).
+HOROVOD_REDUCTION_ATTRIBUTE = "_allreduce_grads"
 _TAPE_NAME = "DistributedGradientTape"  # the name Horovod's tapes give the reduction factory
 _MARK = "_tfcomp_wrapped"
 _tape_exchanges = {}
@@ -107,7 +109,7 @@ def validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_
 
     check_tf2_mode()
     _check_no_strategy()
-    if compression.collective != "dense" and op == hvd.Adasum:
+    if compression.collective.compresses and op == hvd.Adasum:
         raise ValueError(
             f"op=hvd.Adasum cannot combine the payloads of {compression!r}: Adasum needs dense tensors. "
             "Use op=hvd.Average or hvd.Sum, or compression=tfcomp.NoCompression()"
@@ -174,8 +176,6 @@ def install() -> None:
                                      given["gradient_predivide_factor"])
         distributed = original_create(*args, **kwargs)
         if isinstance(given["compression"], Compressor):
-            from tfcomp.exchange import exchange_of
-
             exchange = exchange_of(distributed)
             distributed._track_trackable(exchange, name="tfcomp_exchange", overwrite=True)
             exchange.serve_keras_optimizer(distributed)
@@ -185,6 +185,25 @@ def install() -> None:
         setattr(wrapper, _MARK, True)
     setattr(reduction_module, HOROVOD_HOOKS["reduction"][1], make_allreduce_grads_fn)
     setattr(keras_module, HOROVOD_HOOKS["keras_optimizer"][1], create_distributed_optimizer)
+
+
+def exchange_of(distributed):
+    """The tfcomp exchange behind a distributed optimizer or tape built with a tfcomp compressor
+    (or `distributed` itself, if it is one), also behind a Keras `LossScaleOptimizer`
+    (mixed_float16) wrapping such an optimizer. Its `state` holds the residuals and step counter
+    (give it to a `tf.train.Checkpoint` of a custom loop with a tape); `describe()` tells how each
+    gradient is exchanged; `counters` what it sent and how long it took. TypeError for anything
+    that runs no tfcomp exchange."""
+    from tfcomp.exchange import GradientExchange
+
+    while not isinstance(distributed, GradientExchange) and hasattr(distributed, "inner_optimizer"):
+        distributed = distributed.inner_optimizer
+    exchange = distributed if isinstance(distributed, GradientExchange) else \
+        getattr(distributed, HOROVOD_REDUCTION_ATTRIBUTE, None)
+    if not isinstance(exchange, GradientExchange):
+        raise TypeError(f"{type(distributed).__name__} does not run a tfcomp exchange: build it with "
+                        "compression=<a tfcomp compressor>")
+    return exchange
 
 
 install()

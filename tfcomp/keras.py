@@ -46,7 +46,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfcomp.controller import CALIBRATION_SECONDS_PER_STEP, DEPARTURE_THRESHOLD
-from tfcomp.exchange import exchange_of
+from tfcomp.horovod_glue import exchange_of
 
 __all__ = ["CompressionMonitor", "Replan"]
 
