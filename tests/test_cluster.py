@@ -64,7 +64,7 @@ def test_allreduce_at_one_gbit_is_shaped_to_the_ring_model(hosts):
     less than what half the rate would give (1.8x: a link shaped twice, or to the wrong rate).
 
     The 20 % band of issue 12 is a figure, not a test: measured +7 % at 2 and 4 hosts on an idle
-    machine (BENCHMARKS.md "The emulated cluster against the ring model"), but four workers on two
+    machine (research/notebook.md "The emulated cluster against the ring model"), but four workers on two
     cores under CI's load took +20 to +21 % in three tries in a row, so the upper bound here is the
     one a loaded machine still meets. The fastest of 5 is taken, up to 3 times."""
     fastest = []

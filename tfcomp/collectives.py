@@ -119,9 +119,9 @@ def barrier(process_set, name: str):
     allreduce named `name`, run eagerly. Not a `tf.function` of an allreduce of a constant: Horovod
     0.28.1 does not mark its ops stateful, so TensorFlow's constant folding runs such an allreduce
     once while it optimizes the graph, and later calls return the folded value without
-    communicating (`benchmarks/folded_collectives.py` on 2 emulated hosts at 1 Gbit/s: 56 bytes and
+    communicating (`research/folded_collectives.py` on 2 emulated hosts at 1 Gbit/s: 56 bytes and
     0.053 ms a call, against about 1.7 kB and 1.08 ms for the same allreduce of a captured tensor, a
-    variable or run eagerly; BENCHMARKS.md, "Horovod ops on constants are folded"). Making it runs
+    variable or run eagerly; research/notebook.md, "Horovod ops on constants are folded"). Making it runs
     nothing (a module may make its barrier before TensorFlow's threads are configured)."""
 
     def wait() -> None:

@@ -180,7 +180,7 @@ def partitioned_allreduce(compressor, bucket_elements, workers: int, network: Ne
     both on the allgather `network`. Calibration fits no alltoall network; Horovod's alltoall costs
     a call at least what its allgather does (one float32 per worker on the emulated cluster,
     unshaped, K = 2, 4, 8: alltoall 1.24, 4.32, 14.36 ms; allgather 1.14, 2.90, 11.54 ms; allreduce
-    1.18, 2.23, 6.92 ms; BENCHMARKS.md, "Horovod ops on constants are folded")."""
+    1.18, 2.23, 6.92 ms; research/notebook.md, "Horovod ops on constants are folded")."""
     pairs = sum(compressor.payload_length(n) for n in bucket_elements)
     owned = compressor.owned_pairs(pairs, workers)
     return alltoall(8 * pairs, workers, network) + ring_allgather(8 * owned + 8, workers, network)

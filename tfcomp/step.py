@@ -384,7 +384,7 @@ class StepGraph:
         them: each starts once it is ready, and Horovod's cycle fuses those ready together, so a
         dense bucket of the plan is a price, not a wait for its last tensor. (With one grouped
         allreduce per bucket, a plan whose re-plan merged the CNN's 22 tensors into one dense
-        bucket stepped 1.27x plain Horovod's, unshaped at K = 2: BENCHMARKS.md.)"""
+        bucket stepped 1.27x plain Horovod's, unshaped at K = 2: research/notebook.md.)"""
         if not tensors:
             return []
         self._count_sent(self._dense_wire_bytes(tensors))

@@ -27,7 +27,7 @@ __all__ = ["DEFAULT_WINDOW", "MAX_READY_CLOCKS", "ExchangeTimeline", "clocked_po
 
 DEFAULT_WINDOW = 20  # steps whose times are kept (the medians are over them)
 # Gradients a step clocks at most: 82 clocks of gradients and 82 of reduced gradients cost the
-# 82-tensor model 0.5 ms of a 5.9 ms step on one worker here (BENCHMARKS.md).
+# 82-tensor model 0.5 ms of a 5.9 ms step on one worker here (research/notebook.md).
 MAX_READY_CLOCKS = 16
 
 

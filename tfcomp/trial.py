@@ -16,7 +16,7 @@ later step sends everything dense. Every rank reaches the same choice (the allre
 the same bits on every rank). Three blocks, not steps alternating: each switch from the plan to
 dense sends what error feedback kept at once, and an Adam-corrected ViT whose trial alternated
 pairs of steps (ten such flushes) was 21 to 24 points less accurate at steps 50 and 100
-(BENCHMARKS.md); here a dropped plan flushes twice, each time about half the residual steps that
+(research/notebook.md); here a dropped plan flushes twice, each time about half the residual steps that
 one arm after the other flushed.
 
 The trial counts only the steps after the compressor's warm-up (which the plan sends dense).

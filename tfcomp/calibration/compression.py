@@ -251,7 +251,7 @@ def _median_over_ranks(figures: CompressionFigures, process_set) -> CompressionF
     """The ranks' figures agreed: every cost the median of the ranks' (each rank times the probes
     on its own: over 8 calibrations in 2 jobs on 4 hosts of this machine, rank 0's per-element
     cost spread 44 % and the median of the 4 ranks' 18 %; between fresh jobs both spread as much
-    as the jobs' own speed, BENCHMARKS.md), `fitted` rank 0's (its decisions follow it),
+    as the jobs' own speed, research/notebook.md), `fitted` rank 0's (its decisions follow it),
     `complete` alike on every rank. Every rank of `process_set` must call it at once."""
     costs = [figures.encode_decode.c0, figures.encode_decode.c1, figures.per_tensor, figures.merge_per_element,
              figures.fixed, figures.partitioned_per_slot, figures.artopk_per_slot]

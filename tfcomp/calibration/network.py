@@ -24,7 +24,7 @@ _LARGE_MIN_ELEMENTS = 2**18  # 1 MiB of float32
 # 16 MiB: at 1 Gbit/s a ring allreduce of it takes 150 to 220 ms (2 to 4 workers). Smaller, the
 # emulated links' token-bucket burst (the first 0.5 MB at 1 Gbit/s, 1 MB at 2 go at once) inflated
 # the bandwidth: two workers, 2 Gbit/s links, 2.08 to 2.20 Gbit/s from 4 MiB and 1.75 to 1.81 from
-# 16, where larger transfers ran at 1.74 (BENCHMARKS.md), so larger dense exchanges were priced low.
+# 16, where larger transfers ran at 1.74 (research/notebook.md), so larger dense exchanges were priced low.
 _LARGE_MAX_ELEMENTS = 2**22
 _LARGE_ALLGATHER_MAX_ELEMENTS = 2**20  # 4 MiB: the allgather carries compressed payloads
 _BOOKKEEPING_TENSORS = 64

@@ -15,7 +15,7 @@ namespace {
 
 // The kernels of one call run as programmatic dependent launches (LaunchDependent): each waits for
 // the one before, and the next may start launching once all its blocks started. Measured on an H100
-// at 2^27, with the slots left zero by the call before: see BENCHMARKS.md ("GPU kernels on an H100").
+// at 2^27, with the slots left zero by the call before: see research/notebook.md ("GPU kernels on an H100").
 
 // slots[0, num_slots) = 0, for a scratch whose slots no call left zero.
 __global__ void ZeroSlots(unsigned long long* slots, int64_t num_slots) {

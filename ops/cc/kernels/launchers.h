@@ -56,7 +56,7 @@ struct DragonnCompressLauncher;
 
 // The scratch a DragonnCompressOp keeps from call to call. On a GPU a call leaves its slots zero, so
 // the next call on the same stream skips zeroing them: one launch fewer (dragonn_compress at 2^27
-// float32 on an H100: 0.177 against 0.180 ms, BENCHMARKS.md). The CPU launcher does not use it.
+// float32 on an H100: 0.177 against 0.180 ms, research/notebook.md). The CPU launcher does not use it.
 struct DragonnScratch {
   ::tensorflow::mutex mu;
   ::tensorflow::Tensor buffer TF_GUARDED_BY(mu);
