@@ -105,6 +105,7 @@ def test_unsupported_horovod_versions_are_refused_saying_what_to_install(install
 
 @pytest.mark.parametrize("installed, found", [("'0.27.2'", "Horovod 0.27.2 is installed"),
                                               ("None", "no Horovod is installed")])
+@pytest.mark.jobs
 def test_importing_the_glue_checks_the_installed_horovod_first(installed, found):
     """In a fresh process whose package metadata reports another Horovod (or none), the first use of a
     tfcomp name that needs Horovod stops at the check, before Horovod's TensorFlow package is imported."""
