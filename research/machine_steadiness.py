@@ -10,7 +10,7 @@ hosts of the emulated cluster compute, `benchmarks/cluster.py`), one TensorFlow 
 thread each. Each process times, interleaved round by round for --rounds rounds:
 
   * probe: the compression probe calibration times at its largest size (the model's gradients as
-    one bucket, `tfcomp.calibration._exchange_probe` with `LocalCollectives` for 2 workers:
+    one bucket, `tfcomp.calibration.compression._exchange_probe` with `LocalCollectives` for 2 workers:
     accumulate with the residual, encode, decode of both payloads, new residual; nothing sent);
   * read: a memory read pass, NumPy's sum of 64 MiB of float32;
   * matmul: a compute pass, a 512 x 512 float32 matrix product.
@@ -60,7 +60,7 @@ def _worker() -> None:
 
     compressor, model = compressor_and_model(FLAGS.compressor_config, FLAGS.model)
     elements = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
-    probe = calibration._exchange_probe(calibration.cost_settings(compressor), 2, [[elements]])
+    probe = calibration.compression._exchange_probe(calibration.cost_settings(compressor), 2, [[elements]])
     rng = np.random.default_rng(FLAGS.cpu)
     data = rng.standard_normal(_READ_ELEMENTS, dtype=np.float32)
     a, b = (rng.standard_normal((_MATMUL_SIZE, _MATMUL_SIZE), dtype=np.float32) for _ in range(2))
