@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
 
-__all__ = ["REPO_ROOT", "SHAPES", "assert_same_bits", "child_env", "horovodrun", "quantile_threshold", "random_gradient"]
+__all__ = ["REPO_ROOT", "SHAPES", "assert_same_bits", "child_env", "horovodrun", "quantile_threshold", "random_gradient",
+           "run_python"]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,3 +55,10 @@ def horovodrun(num_workers: int) -> list:
     """The command prefix that starts num_workers local Gloo workers (python and its args follow)."""
     launcher = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable), "horovodrun")
     return [launcher, "-np", str(num_workers), "-H", f"localhost:{num_workers}", "--gloo"]
+
+
+def run_python(code: str, timeout: float = 300, **extra_env) -> subprocess.CompletedProcess:
+    """Runs `python -c code` in a fresh process from the checkout's root (`child_env(**extra_env)`),
+    its output captured as text."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=child_env(**extra_env), capture_output=True,
+                          text=True, timeout=timeout)

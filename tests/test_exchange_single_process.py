@@ -966,9 +966,7 @@ def test_making_a_barrier_leaves_tensorflow_unconfigured():
     # The benchmarks' workers make their barrier at import and configure TensorFlow's threads in
     # main(): a barrier that touched TensorFlow when made broke them ("Intra op parallelism cannot
     # be modified after initialization").
-    import subprocess
-
-    from tests.helpers import REPO_ROOT, child_env
+    from tests.helpers import run_python
 
     script = ("import horovod.tensorflow as hvd, tensorflow as tf\n"
               "from tfcomp.collectives import barrier\n"
@@ -977,8 +975,7 @@ def test_making_a_barrier_leaves_tensorflow_unconfigured():
               "hvd.init()\n"
               "wait()\n"
               "print('waited')\n")
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, env=child_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = run_python(script)
     assert result.returncode == 0 and result.stdout.strip().endswith("waited"), result.stderr[-3000:]
 
 

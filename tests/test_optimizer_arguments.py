@@ -1,6 +1,5 @@
 """Construction-time errors of tfcomp.DistributedOptimizer and the stock Horovod entry point."""
 
-import subprocess
 import sys
 
 import horovod.tensorflow as hvd_tf
@@ -9,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tfcomp
-from tests.helpers import REPO_ROOT, child_env
+from tests.helpers import run_python
 from tfcomp import horovod_glue, version
 
 
@@ -122,8 +121,7 @@ def test_importing_the_glue_checks_the_installed_horovod_first(installed, found)
             "except RuntimeError as error:\n"
             "    print(error)\n"
             "print('horovod.tensorflow' in sys.modules)\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=child_env(), capture_output=True,
-                            text=True, timeout=300)
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     message, imported = result.stdout.strip().splitlines()
     assert message.startswith(f"tfcomp supports Horovod >=0.28,<0.29 (built and tested with 0.28.1); {found}.")
