@@ -11,7 +11,7 @@ import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvd_keras
 
 from tfcomp.compressors import DRAGONN, as_compressor
-from tfcomp.horovod_glue import install, validate_optimizer_arguments
+from tfcomp.horovod_glue import validate_optimizer_arguments  # importing the glue installs it
 
 __all__ = ["DistributedOptimizer"]
 
@@ -34,7 +34,6 @@ def DistributedOptimizer(optimizer, compression=None, *, name=None, device_dense
     """
     compressor = DRAGONN() if compression is None else as_compressor(compression)
     validate_optimizer_arguments(optimizer, compressor, op, gradient_predivide_factor)
-    install()
     return hvd_keras.DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compressor,
         sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
