@@ -37,11 +37,15 @@ import math
 from tfcomp import cost_model as cm
 from tfcomp import strategies as st
 
-__all__ = ["CLEAR_GAIN", "Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain",
+__all__ = ["CLEAR_GAIN", "COMPRESSION_MARGIN", "Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain",
            "compression_could_pay", "dense_plan", "digest", "fit_overlap_slowdown", "make_plan", "network_explaining",
            "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
+
+
+COMPRESSION_MARGIN = 0.05  # a plan compresses only where it is predicted (the planner, the what-if) or measured (the
+# trial) to shorten the training step by more than this fraction of it; a smaller gain is within this machine's noise
 
 
 def digest(value) -> int:
