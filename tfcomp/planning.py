@@ -9,8 +9,12 @@ ready and the previous bucket is done, which is the overlap term), giving each b
 (`tfcomp.strategies`) with the smallest predicted time, dense on ties. Algorithm 2 then
 walks y = 1, 2, ... and stops when one more group no longer helps by `min_gain` (1 %), up to
 `max_groups` (8). What compressing costs once per exchange whatever the buckets
-(`ClusterModel.compression_fixed`) is added to the result, and a plan that then is not faster than
-all dense becomes all dense. No training step is probed: it is arithmetic on calibrated figures.
+(`ClusterModel.compression_fixed`) is added to the result, and a plan that then does not shorten
+the training step by more than `COMPRESSION_MARGIN` (5 %) of it (`exceeds_margin`: a smaller
+predicted gain is within the noise of a step measured on this machine) becomes all dense. No
+training step is probed: it is arithmetic on calibrated figures. The search prices a bucket only
+when the dynamic programme first needs it, so where one bucket is best (Algorithm 2 stops at y = 2)
+it prices about 2n of the n (n + 1) / 2 buckets of n tensors.
 
 With the gradients' ready times (measured in training: `tfcomp.timeline`) a bucket may start before
 the backward pass ends, and plans are priced by when their exchange ends; how much slower a transfer
@@ -28,18 +32,21 @@ that prices plain Horovod); the search uses it too.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 import hashlib
 import json
 import math
+import numbers
 
 from tfcomp import cost_model as cm
 from tfcomp import strategies as st
 
-__all__ = ["CLEAR_GAIN", "COMPRESSION_MARGIN", "Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_min_gain",
-           "compression_could_pay", "dense_plan", "digest", "fit_overlap_slowdown", "make_plan", "network_explaining",
-           "pays_to_replace", "per_tensor_plan", "predicted_exchange_time"]
+__all__ = ["CLEAR_GAIN", "COMPRESSION_MARGIN", "Bucket", "Plan", "PlanMismatchError", "all_dense_time", "check_margin",
+           "check_min_gain", "compression_could_pay", "dense_plan", "digest", "exceeds_margin", "fit_overlap_slowdown",
+           "make_plan", "network_explaining", "pays_to_replace", "per_tensor_plan", "predicted_exchange_time",
+           "predicted_gain"]
 
 _MAX_UNITS = 128  # longer tensor lists are cut into this many runs of neighbours before the search
 
@@ -217,7 +224,7 @@ def _checked_ready(ready_seconds, count: int) -> list:
 
 
 def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=None, max_groups: int = 8,
-              min_gain: float = 0.01) -> Plan:
+              min_gain: float = 0.01, margin: float = COMPRESSION_MARGIN, step_seconds: float | None = None) -> Plan:
     """Buckets and strategies for `tensors` = [(position, name, elements)] in backprop order.
 
     ready_seconds: for each tensor, when its gradient is ready, in seconds from the exchange's first
@@ -232,7 +239,26 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
     Sec. 4.2: small tensors are not what limits scaling, and sparsifying them starves biases and
     normalisation gains of updates); the search buckets the others, and the small ones go in dense
     buckets of their own, merged with dense neighbours.
+
+    margin, step_seconds: the best compressing plan is kept only where it `exceeds_margin`: where it
+    is predicted to end the exchange sooner than the best all-dense plan by more than `margin` (a
+    fraction in [0, 1); default `COMPRESSION_MARGIN`) of the training step, `step_seconds` where
+    the caller knows it (measured, or predicted with the forward and backward passes, as the
+    what-if does); else the all-dense plan. Without `step_seconds` the step is taken to be the
+    all-dense exchange's end from the first gradient (with ready times it spans the backward pass
+    from there; without them it is the exchange alone): no forward pass, nothing of the backward
+    pass before the first gradient, so a lower bound of the real step. The margin in seconds is
+    then smaller than `margin` of the real step, and the rule more lenient than the margin says:
+    a plan may compress for a gain under 5 % of the real step (with no ready times, for any gain
+    over 5 % of the exchange). A compressor forced to one strategy (`compressor.strategy`) has no
+    all-dense plan to compare with: its plan compresses whatever the margin.
+
+    Raises:
+      ValueError: naming `margin` where it is not a fraction in [0, 1), `step_seconds` where it is
+        not None nor finite seconds > 0, `ready_seconds` where it is not one finite time >= 0 per
+        tensor.
     """
+    check_margin(margin, step_seconds)
     _check_cluster(cluster)
     tensors = list(tensors)
     if not tensors:
@@ -245,6 +271,13 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
 
     def search(kept, allowed) -> Plan:
         members = [(t, r) for t, r in zip(tensors, ready) if kept(t)]
+        if allowed == (st.DENSE,):
+            # Every partition into dense buckets merges into one bucket priced alike (`_merge_neighbours`),
+            # so Algorithm 2 keeps its first candidate, one bucket: no partition to search.
+            bucket = Bucket(tuple(p for (p, _, _), _ in members), sum(n for (_, _, n), _ in members), st.DENSE, None,
+                            0.0)
+            return Plan((_dense_bucket(bucket, compressor, cluster),), names, compressor, cluster, ready_by_position,
+                        sizes=sizes)
         context = ([t for t, _ in members], names, ready_by_position, sizes)
         return _search(context, [r for _, r in members], allowed, compressor, cluster, max_groups, min_gain)
 
@@ -267,11 +300,38 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
         return search(everything, (st.DENSE,))
     if st.DENSE in strategies:
         dense = search(everything, (st.DENSE,))
-        if predicted_exchange_time(dense) <= predicted_exchange_time(plan):
-            # What compressed buckets cost once per exchange (cluster.compression_fixed) outweighs what they save.
-            return dense
-        return dataclasses.replace(plan, dense_buckets=dense.buckets)
+        plan = dataclasses.replace(plan, dense_buckets=dense.buckets)
+        # What compressed buckets cost once per exchange (cluster.compression_fixed) may outweigh what they
+        # save; a gain within the margin is within the step's noise.
+        step = all_dense_time(plan) if step_seconds is None else step_seconds
+        return plan if exceeds_margin(predicted_gain(plan), step, margin) else dense
     return plan
+
+
+def check_margin(margin, step_seconds=None) -> None:
+    """ValueError naming `margin` unless it is a fraction in [0, 1), or `step_seconds` unless it is
+    None or finite seconds > 0 (what `make_plan` and `exceeds_margin` take)."""
+    if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not 0.0 <= margin < 1.0:
+        raise ValueError(f"margin must be a fraction in [0, 1), got {margin!r}")
+    if step_seconds is not None and (isinstance(step_seconds, bool) or not isinstance(step_seconds, numbers.Real)
+                                     or not 0.0 < step_seconds < float("inf")):
+        raise ValueError(f"step_seconds must be None or finite seconds > 0, got {step_seconds!r}")
+
+
+def predicted_gain(plan: Plan) -> float:
+    """Seconds by which `plan` is predicted to end the exchange sooner than its all-dense plan
+    (`all_dense_time(plan) - predicted_exchange_time(plan)`; 0 for an all-dense plan, negative
+    where compressing is slower): what it shortens the training step by."""
+    return all_dense_time(plan) - predicted_exchange_time(plan)
+
+
+def exceeds_margin(gain_seconds: float, step_seconds: float, margin: float = COMPRESSION_MARGIN) -> bool:
+    """The rule a compressing plan must pass to be kept (`make_plan`, the what-if): whether it
+    shortens the training step by more than `margin` (a fraction in [0, 1)) of it, `gain_seconds`
+    (predicted or measured) against the step of `step_seconds` (> 0). ValueError naming `margin` or
+    `step_seconds` where bad."""
+    check_margin(margin, step_seconds)
+    return gain_seconds > margin * step_seconds
 
 
 def _search(context, ready, strategies, compressor, cluster, max_groups: int, min_gain: float) -> Plan:
@@ -298,52 +358,80 @@ def _search(context, ready, strategies, compressor, cluster, max_groups: int, mi
     return best
 
 
-def _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups: int) -> dict:
+def _best_partitions(tensors, ready, strategies, compressor, cluster, max_groups: int) -> "_Partitions":
     """{y: [Bucket]}: for every y up to `max_groups`, the partition of `tensors` (backprop order)
     into y contiguous buckets, each with its cheapest strategy, that finishes first when each bucket
     starts once its last gradient is `ready` and the previous bucket is done (MergeComp's dynamic
-    programme; with no ready times, the least summed cost). Long lists are cut into `_units` first."""
-    units = _units([n for _, _, n in tensors])
-    prefix = [0]
-    for start, end in units:
-        prefix.append(prefix[-1] + sum(n for _, _, n in tensors[start:end]))
-    unit_ready = [max(ready[start:end]) for start, end in units]
-    backward_end = max(ready)
-    count = len(units)
-    cost = {}
-    for i in range(count):
-        for j in range(i + 1, count + 1):
-            tensors_in = units[j - 1][1] - units[i][0]
-            cost[i, j] = _cheapest(prefix[j] - prefix[i], tensors_in, strategies, compressor, cluster)
-    groups = min(max_groups, count)
-    inf = float("inf")
-    finish = [[inf] * (count + 1) for _ in range(groups + 1)]
-    choice = [[None] * (count + 1) for _ in range(groups + 1)]
-    finish[0][0] = 0.0
-    for y in range(1, groups + 1):
-        for j in range(1, count + 1):
-            for i in range(y - 1, j):
-                if finish[y - 1][i] == inf:
-                    continue
-                t = cm.transfer_end(max(unit_ready[j - 1], finish[y - 1][i]), cost[i, j][1].total, backward_end,
-                                    cluster.overlap_slowdown)
-                if t < finish[y][j]:
-                    finish[y][j], choice[y][j] = t, i
-    partitions = {}
-    for groups_wanted in range(1, groups + 1):
-        cuts, j, y = [], count, groups_wanted
-        while j > 0:
-            i = choice[y][j]
+    programme; with no ready times, the least summed cost). Long lists are cut into `_units` first.
+    A mapping whose partitions are found when first looked up (`_Partitions`)."""
+    return _Partitions(tensors, ready, strategies, compressor, cluster, max_groups)
+
+
+class _Partitions(collections.abc.Mapping):
+    """`_best_partitions`'s mapping. The dynamic programme runs top-down, memoised: the best finish
+    of the first j units in y buckets looks at the best finishes of i < j units in y - 1 buckets,
+    and each bucket's price (`_cheapest`) is computed once, when first needed. So where Algorithm 2
+    stops at y = 2, as it does where one bucket is best, only the buckets that start at the first
+    unit or end at the last are priced (2n of the n (n + 1) / 2); y >= 3 needs them all. The same
+    candidates in the same order as a bottom-up table: the same partitions."""
+
+    def __init__(self, tensors, ready, strategies, compressor, cluster, max_groups: int):
+        self._tensors, self._strategies, self._compressor, self._cluster = tensors, strategies, compressor, cluster
+        self._units = _units([n for _, _, n in tensors])
+        self._prefix = [0]
+        for start, end in self._units:
+            self._prefix.append(self._prefix[-1] + sum(n for _, _, n in tensors[start:end]))
+        self._unit_ready = [max(ready[start:end]) for start, end in self._units]
+        self._backward_end = max(ready)
+        self._count = len(self._units)
+        self._groups = min(max_groups, self._count)
+        self._cost = {}  # (i, j): (strategy, StrategyTime) of the bucket of units i .. j - 1
+        self._best = {}  # (y, j): (finish, i) of the first j units in y buckets, the last of units i .. j - 1
+
+    def __len__(self) -> int:
+        return self._groups
+
+    def __iter__(self):
+        return iter(range(1, self._groups + 1))
+
+    def __getitem__(self, groups_wanted) -> list:
+        if groups_wanted not in range(1, self._groups + 1):
+            raise KeyError(groups_wanted)
+        cuts, j = [], self._count
+        for y in range(groups_wanted, 0, -1):
+            i = self._finish(y, j)[1]
             cuts.append((i, j))
-            j, y = i, y - 1
+            j = i
         buckets = []
         for i, j in reversed(cuts):
-            members = [t for start, end in units[i:j] for t in tensors[start:end]]
-            strategy, predicted = cost[i, j]
-            dense = st.DENSE.time(prefix[j] - prefix[i], compressor, cluster, tensors=len(members)).total
-            buckets.append(Bucket(tuple(p for p, _, _ in members), prefix[j] - prefix[i], strategy, predicted, dense))
-        partitions[groups_wanted] = buckets
-    return partitions
+            members = [t for start, end in self._units[i:j] for t in self._tensors[start:end]]
+            strategy, predicted = self._price(i, j)
+            elements = self._prefix[j] - self._prefix[i]
+            dense = st.DENSE.time(elements, self._compressor, self._cluster, tensors=len(members)).total
+            buckets.append(Bucket(tuple(p for p, _, _ in members), elements, strategy, predicted, dense))
+        return buckets
+
+    def _price(self, i: int, j: int) -> tuple:
+        """(strategy, StrategyTime) of the bucket of units i .. j - 1, its cheapest."""
+        if (i, j) not in self._cost:
+            tensors_in = self._units[j - 1][1] - self._units[i][0]
+            self._cost[i, j] = _cheapest(self._prefix[j] - self._prefix[i], tensors_in, self._strategies,
+                                         self._compressor, self._cluster)
+        return self._cost[i, j]
+
+    def _finish(self, y: int, j: int) -> tuple:
+        """(finish, i): when the first j units in y buckets finish at the earliest, and the first
+        unit of the last bucket (the smallest i on ties)."""
+        if (y, j) not in self._best:
+            best = (float("inf"), None)
+            for i in range(0, 1) if y == 1 else range(y - 1, j):
+                previous = 0.0 if y == 1 else self._finish(y - 1, i)[0]
+                t = cm.transfer_end(max(self._unit_ready[j - 1], previous), self._price(i, j)[1].total,
+                                    self._backward_end, self._cluster.overlap_slowdown)
+                if t < best[0]:
+                    best = (t, i)
+            self._best[y, j] = best
+        return self._best[y, j]
 
 
 def _dense_bucket(bucket, compressor, cluster):
@@ -566,14 +654,16 @@ CLEAR_GAIN = 1.5  # where compression's least costs predict less than this gain 
 # training is planned from them (`compression_could_pay`): the trial decides, and measuring the rest would not pay
 
 
-def compression_could_pay(tensors, compressor, least_cost_cluster: cm.ClusterModel) -> bool:
+def compression_could_pay(tensors, compressor, least_cost_cluster: cm.ClusterModel, *,
+                          margin: float = COMPRESSION_MARGIN, step_seconds: float | None = None) -> bool:
     """The planner's rule for stopping calibration early: whether measuring compression's other
     costs could change the plan of `tensors` = [(position, name, elements)] in backprop order,
     given `least_cost_cluster` (the networks measured, compression at the least costs its first
-    probes allow): only where the plan with those least costs compresses and, for a compressor tried
-    in training (`compressor.tried_steps` > 0), is predicted at least `CLEAR_GAIN` times faster than
-    dense (a smaller gain goes to the trial, a truer test than more probes). Higher costs could only
-    make compressing pay less."""
-    plan = make_plan(tensors, compressor, least_cost_cluster)
+    probes allow): only where the plan with those least costs compresses (`make_plan` with `margin`
+    and `step_seconds`: its gain exceeds the margin) and, for a compressor tried in training
+    (`compressor.tried_steps` > 0), is predicted at least `CLEAR_GAIN` times faster than dense (a
+    smaller gain goes to the trial, a truer test than more probes). Higher costs could only make
+    compressing pay less."""
+    plan = make_plan(tensors, compressor, least_cost_cluster, margin=margin, step_seconds=step_seconds)
     gain = all_dense_time(plan) / max(predicted_exchange_time(plan), 1e-12)
     return bool(plan.compressed) and (compressor.tried_steps == 0 or gain >= CLEAR_GAIN)
