@@ -490,3 +490,119 @@ def test_a_replacement_keeps_every_bucket_dense_once_a_trial_dropped_compression
     assert planning.predicted_exchange_time(dataclasses.replace(split, ready=new.ready)) == pytest.approx(
         planning.predicted_exchange_time(new.all_dense()))
     assert planning.replacement(split, new, 0.0, compressing=False) is None
+
+def bottom_up_partitions(tensors, ready, strategies, compressor, model, max_groups):
+    """The dynamic programme as a full table, bottom-up (the search before it priced buckets lazily):
+    every bucket priced, every (y, j) filled in order of y, the smallest i on ties."""
+    units = planning._units([n for _, _, n in tensors])
+    prefix = [0]
+    for start, end in units:
+        prefix.append(prefix[-1] + sum(n for _, _, n in tensors[start:end]))
+    unit_ready, backward_end, count = [max(ready[a:b]) for a, b in units], max(ready), len(units)
+    cost = {(i, j): planning._cheapest(prefix[j] - prefix[i], units[j - 1][1] - units[i][0], strategies, compressor,
+                                       model) for i in range(count) for j in range(i + 1, count + 1)}
+    groups = min(max_groups, count)
+    finish = [[math.inf] * (count + 1) for _ in range(groups + 1)]
+    choice = [[None] * (count + 1) for _ in range(groups + 1)]
+    finish[0][0] = 0.0
+    for y in range(1, groups + 1):
+        for j in range(1, count + 1):
+            for i in range(y - 1, j):
+                if finish[y - 1][i] < math.inf:
+                    t = cm.transfer_end(max(unit_ready[j - 1], finish[y - 1][i]), cost[i, j][1].total, backward_end,
+                                        model.overlap_slowdown)
+                    if t < finish[y][j]:
+                        finish[y][j], choice[y][j] = t, i
+    partitions = {}
+    for wanted in range(1, groups + 1):
+        cuts, j, y = [], count, wanted
+        while j > 0:
+            cuts.append((choice[y][j], j))
+            j, y = choice[y][j], y - 1
+        partitions[wanted] = [([p for a, b in units[i:j] for p, _, _ in tensors[a:b]],) + cost[i, j]
+                              for i, j in reversed(cuts)]
+    return partitions
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_the_lazy_search_finds_the_partitions_of_the_full_table(rng, trial):
+    """`_best_partitions` prices a bucket only when its top-down programme reaches it; every
+    partition it gives is the full bottom-up table's (buckets, strategies and prices), on lists
+    longer than `_MAX_UNITS` too, with ready times and a slowdown during the backward pass."""
+    count = int(rng.choice([3, 12, 40, 150]))
+    sizes = [int(n) for n in rng.choice([8, 300, 5000, 2**16, 2**20], count)]
+    model = dataclasses.replace(cluster(workers=int(rng.integers(2, 17)), gbps=float(rng.choice([0.5, 5, 100])),
+                                        c0=float(rng.uniform(1e-5, 1e-3)), c1=float(rng.uniform(1e-10, 1e-8))),
+                                overlap_slowdown=float(rng.uniform(1.0, 3.0)))
+    compressor = tfcomp.DRAGONN(0.01, min_elements=1)
+    tensors = backprop(sizes)
+    ready = sorted(float(t) for t in rng.uniform(0.0, 0.05, count))
+    lazy = planning._best_partitions(tensors, ready, compressor.strategies, compressor, model, 8)
+    full = bottom_up_partitions(tensors, ready, compressor.strategies, compressor, model, 8)
+    assert sorted(lazy) == sorted(full) == list(range(1, min(8, count, planning._MAX_UNITS) + 1))
+    for y in (2, 1, *range(3, len(full) + 1)):  # y = 2 first: found before the rest is priced
+        assert [(list(b.positions), b.strategy, b.predicted) for b in lazy[y]] == [tuple(c) for c in full[y]], y
+    with pytest.raises(KeyError):
+        lazy[len(full) + 1]
+
+
+def test_an_all_dense_plan_is_the_searchs_first_candidate(rng):
+    """An all-dense search is not run: its partitions all merge into one bucket priced alike, so
+    Algorithm 2 keeps y = 1. make_plan's all-dense plans (NoCompression's, the dense twin of a
+    compressing plan) are the ones `_search` finds."""
+    sizes = [int(n) for n in rng.integers(10, 2**20, size=int(rng.integers(2, 30)))]
+    ready = sorted(float(t) for t in rng.uniform(0.0, 0.05, len(sizes)))
+    model = cluster(workers=4, gbps=0.5, c0=1e-5, c1=1e-10)
+    tensors = backprop(sizes)
+    context = (tensors, {p: n for p, n, _ in tensors}, {p: t for (p, _, _), t in zip(tensors, ready)},
+               {p: n for p, _, n in tensors})
+    for compressor in (tfcomp.NoCompression(), tfcomp.DRAGONN(0.01, min_elements=1)):
+        searched = planning._search(context, ready, (st.DENSE,), compressor, model, 8, 0.01)
+        plan = planning.make_plan(tensors, compressor, model, ready_seconds=ready)
+        assert len(searched.buckets) == 1
+        assert (plan.all_dense() if plan.compressed else plan) == searched
+
+
+@pytest.mark.parametrize("margin, message", [
+    (1.0, "margin must be a fraction in [0, 1), got 1.0"), (-0.01, "margin must be a fraction in [0, 1), got -0.01"),
+    (float("nan"), "margin must be a fraction in [0, 1), got nan"), ("5%", "margin must be a fraction in [0, 1)"),
+    (True, "margin must be a fraction in [0, 1), got True")])
+def test_a_margin_is_a_fraction(margin, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        planning.make_plan(backprop([2**20]), tfcomp.DRAGONN(0.01), cluster(), margin=margin)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        planning.exceeds_margin(1.0, 1.0, margin)
+
+
+@pytest.mark.parametrize("step", [0.0, -1.0, float("inf"), float("nan"), "1s"])
+def test_a_step_is_finite_seconds_above_zero(step):
+    with pytest.raises(ValueError, match=re.escape(f"step_seconds must be None or finite seconds > 0, got {step!r}")):
+        planning.make_plan(backprop([2**20]), tfcomp.DRAGONN(0.01), cluster(), step_seconds=step)
+
+
+def test_a_plan_compresses_only_where_its_gain_exceeds_the_margin_of_the_step(rng):
+    """The best compressing plan (margin 0) is kept with a margin under its gain's fraction of the
+    step and dropped for its all-dense twin above it; the step is the all-dense exchange where not
+    given, `step_seconds` where given; compression_could_pay follows the same margin."""
+    sizes = [int(n) for n in rng.integers(2**18, 2**22, size=int(rng.integers(2, 8)))]
+    ready = sorted(float(t) for t in rng.uniform(0.0, 0.03, len(sizes)))
+    model = cluster(workers=8, gbps=float(rng.uniform(0.5, 4.0)), c0=1e-4, c1=float(rng.uniform(1e-10, 2e-9)))
+    compressor, untried = tfcomp.DRAGONN(0.01), tfcomp.DRAGONN(0.01, trial_steps=0)
+    tensors = backprop(sizes)
+    best = planning.make_plan(tensors, compressor, model, ready_seconds=ready, margin=0.0)
+    assert best.compressed
+    dense_only = planning.make_plan(tensors, tfcomp.DRAGONN(0.01, strategy="dense"), model, ready_seconds=ready)
+    gain = planning.predicted_exchange_time(dense_only) - planning.predicted_exchange_time(best)
+    assert planning.predicted_gain(best) == pytest.approx(gain, rel=1e-12) and gain > 0
+    for step in (None, float(rng.uniform(1.1, 20.0)) * gain):  # a measured step, longer than the gain
+        fraction = gain / (planning.predicted_exchange_time(dense_only) if step is None else step)
+        for margin, kept in ((0.99 * fraction, True), (1.01 * fraction, False)):
+            plan = planning.make_plan(tensors, compressor, model, ready_seconds=ready, margin=margin, step_seconds=step)
+            assert plan == (best if kept else best.all_dense()), (step, margin)
+            # Calibration's rule plans without ready times, with the same margin.
+            after = planning.make_plan(tensors, untried, model, margin=margin, step_seconds=step)
+            assert planning.compression_could_pay(tensors, untried, model, margin=margin, step_seconds=step) == bool(
+                after.compressed)
+    # The default margin: COMPRESSION_MARGIN of the all-dense exchange.
+    default = planning.make_plan(tensors, compressor, model, ready_seconds=ready)
+    assert bool(default.compressed) == (gain > planning.COMPRESSION_MARGIN * planning.all_dense_time(best))
