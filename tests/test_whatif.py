@@ -1,5 +1,6 @@
 """`python -m tfcomp.whatif`: predictions against the cost model's formulas, JSON, plot, profiles, errors."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -9,6 +10,7 @@ import pytest
 
 import tfcomp
 from tfcomp import cost_model as cm
+from tfcomp import planning
 from tfcomp import whatif
 from tests.helpers import REPO_ROOT, child_env
 
@@ -23,9 +25,9 @@ def test_json_matches_the_formulas(rng):
     params = int(rng.integers(10**6, 10**8))
     workers = int(rng.integers(2, 64))
     encode_ms, decode_ms = float(rng.uniform(0, 50)), float(rng.uniform(0, 10))
-    result = run("--params", str(params), "--workers", str(workers), "--latency", "1ms", "--bandwidth", "10Gbps",
-                 "--compressor", "dragonn", "--ratio", "0.001", "--encode-ms", str(encode_ms), "--decode-ms",
-                 str(decode_ms), "--json")
+    result = run("--params", str(params), "--tensors", "1", "--workers", str(workers), "--latency", "1ms",
+                 "--bandwidth", "10Gbps", "--compressor", "dragonn", "--ratio", "0.001", "--encode-ms", str(encode_ms),
+                 "--decode-ms", str(decode_ms), "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     rows = {r["name"]: r for r in out["strategies"]}
@@ -45,11 +47,19 @@ def test_json_matches_the_formulas(rng):
         assert row["runs_in_tfcomp"] == (row["name"] != "artopk_tree")
         if row["name"] != "dense_ring_allreduce":
             assert row["compression_s"] == pytest.approx((encode_ms + decode_ms) / 1e3)
-    # One tensor: stock Horovod cannot overlap it, and the plan is the fastest strategy tfcomp runs.
-    assert out["horovod_total_s"] == pytest.approx(rows["dense_ring_allreduce"]["total_s"])
+    # One tensor: stock Horovod cannot overlap it, and the plan is the fastest strategy tfcomp runs where that
+    # shortens the step (the exchange alone: no compute times) by more than the margin of it, else dense.
+    dense = rows["dense_ring_allreduce"]["total_s"]
+    assert out["horovod_total_s"] == pytest.approx(dense) and out["dense_total_s"] == pytest.approx(dense)
     fastest = min((r for r in out["strategies"] if r["runs_in_tfcomp"]), key=lambda r: r["total_s"])
-    assert out["plan"]["total_s"] == pytest.approx(fastest["total_s"])
-    assert out["choice"] == {"dense_ring_allreduce": "dense", "artopk_ring": "artopk"}.get(fastest["name"], fastest["name"])
+    assert out["predicted_gain"] == pytest.approx(max(dense - fastest["total_s"], 0.0) / dense)
+    assert out["margin"] == planning.COMPRESSION_MARGIN == out["inputs"]["margin"]
+    chosen = fastest if dense - fastest["total_s"] > out["margin"] * dense else rows["dense_ring_allreduce"]
+    assert out["compresses"] == (chosen is fastest and fastest["name"] != "dense_ring_allreduce")
+    assert out["plan"]["total_s"] == pytest.approx(chosen["total_s"])
+    assert out["choice"] == {"dense_ring_allreduce": "dense", "artopk_ring": "artopk"}.get(chosen["name"], chosen["name"])
+    assert out["compute_times"] == {"forward": "assumed", "backward": "assumed"}
+    assert out["tensor_spread"] == "one tensor (--tensors 1)"
     assert out["speedup_over_horovod"] == pytest.approx(out["horovod_total_s"] / out["plan"]["total_s"])
     assert out["inputs"]["elements"] == params and out["inputs"]["workers"] == workers
     assert out["inputs"]["encode_ms"] == encode_ms and out["inputs"]["decode_ms"] == decode_ms
@@ -273,6 +283,9 @@ def test_randomk_offers_its_allreduce_and_quantisers_their_allgather():
     (["--params", "abc"], "--params must be a number of elements, e.g. 126000000, 1.2e8 or 25.6M; got 'abc'"),
     (["--params", "100", "--encode-ms", "1", "--overlap-slowdown", "0.5"], "--overlap-slowdown must be a number from 1 to 20"),
     (["--params", "100", "--encode-ms", "1", "--overlap-slowdown", "nan"], "--overlap-slowdown must be a number from 1 to 20"),
+    (["--params", "100", "--encode-ms", "1", "--margin", "1"], "--margin must be a fraction in [0, 1), got 1.0"),
+    (["--params", "100", "--encode-ms", "1", "--margin", "-0.1"], "--margin must be a fraction in [0, 1), got -0.1"),
+    (["--params", "100", "--encode-ms", "1", "--tensors", "0"], "--tensors must be an integer from 1 to --params, got 0"),
     (["--bandwidth", "1Gbps"], "one of the arguments --params --profile is required"),
     (["--profile", "/nonexistent/profile.json"], "--profile '/nonexistent/profile.json' is not a readable profile"),
 ])
@@ -289,3 +302,169 @@ def test_bad_arguments_from_the_command_line():
     result = run("--params", "100", "--bandwidth", "-5Mbps")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip() == "whatif: error: bandwidth must be > 0, got '-5Mbps'"
+
+
+def json_of(capsys, *args) -> dict:
+    """The what-if's --json answer, run in this process."""
+    assert whatif.main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out.splitlines()[-1])  # after the seed line of conftest
+
+
+ISSUE_44 = ["--params", "25.6M", "--workers", "8", "--bandwidth", "100Gbit/s", "--device", "h100", "--forward-ms", "30",
+            "--backward-ms", "60"]  # ResNet-50 on 8 GPUs at 100 Gbit/s
+
+
+def test_inside_the_margin_the_answer_is_stay_dense_with_the_gain_and_the_margin(capsys):
+    """Issue 44's case: the best compressing plan of 161 equal tensors is predicted 0.3 % faster a
+    step than dense; the what-if says stay dense, with that gain and the margin, and recommends the
+    compressing plan only where the margin is under its gain."""
+    out = json_of(capsys, *ISSUE_44, "--tensors", "161")
+    gain = out["predicted_gain"]
+    assert 0.0 < gain < planning.COMPRESSION_MARGIN == out["margin"]
+    best = out["compressing_plan"]
+    assert gain == pytest.approx((out["dense_total_s"] - best["total_s"]) / out["dense_total_s"])
+    assert not out["compresses"] and out["choice"] == "dense"
+    assert out["plan"]["total_s"] == pytest.approx(out["dense_total_s"]) == out["horovod_total_s"]
+    assert out["speedup_over_horovod"] == pytest.approx(1.0)
+    assert whatif.main([*ISSUE_44, "--tensors", "161"]) == 0
+    text = capsys.readouterr().out
+    verdict = next(line for line in text.splitlines() if line.startswith("verdict: "))
+    assert verdict == (f"verdict: stay dense: the best compressing plan's step is predicted {100 * gain:.2f} % shorter "
+                       f"than all dense ({1e3 * best['total_s']:.3f} against {1e3 * out['dense_total_s']:.3f} ms), "
+                       f"inside the 5 % margin ({50 * out['dense_total_s']:.3f} ms)")
+    assert "\nchoice: dense: a training step of " in text
+    below = json_of(capsys, *ISSUE_44, "--tensors", "161", "--margin", str(gain * 0.9))
+    assert below["compresses"] and below["plan"] == best and below["choice"] != "dense"
+
+
+def test_resnet50_is_the_default_spread_of_params():
+    """ResNet-50's tensors as torchvision lays them out (25,557,032 elements, its published count),
+    scaled to --params: every tensor at least one element, in proportion to ResNet-50's within
+    one; where --params is under 161, that many tensors of one element."""
+    layout = whatif.resnet50_tensors()
+    sizes = [n for _, n in layout]
+    assert len(layout) == 161 and sum(sizes) == 25_557_032 and len({name for name, _ in layout}) == 161
+    assert sum(name.endswith("conv1.weight") or ".conv" in name or "downsample.0" in name for name, _ in layout) == 53
+    assert layout[-2:] == [("fc.weight", 2048 * 1000), ("fc.bias", 1000)] and max(sizes) == 512 * 512 * 9
+    for params in (161, 1000, 25_600_000, 126_000_000, 10**10 + 7):
+        spread, words = whatif._spread(params, None)
+        assert [name for name, _ in spread] == [name for name, _ in layout] and "ResNet-50" in words
+        assert sum(n for _, n in spread) == params and min(n for _, n in spread) >= 1
+        share = (params - 161) / sum(sizes)
+        assert all(abs(n - 1 - share * m) < 1 for (_, n), m in zip(spread, sizes))
+    assert whatif._spread(100, None)[0] == [(f"params_{i}", 1) for i in range(100)]
+    assert whatif._spread(10, 3)[0] == [("params_0", 4), ("params_1", 3), ("params_2", 3)]
+
+
+def test_a_spread_of_tensors_lets_dense_overlap_the_backward_pass(capsys):
+    """Without --tensors the what-if assumes ResNet-50's spread and says so: ResNet-50 at 100 Gbit/s
+    on 8 workers is then about as fast dense as compressed (issue 44: 1.00x with its 161 tensors),
+    where one tensor of all the elements hides none of the exchange under the backward pass."""
+    spread = json_of(capsys, *ISSUE_44)
+    one = json_of(capsys, *ISSUE_44, "--tensors", "1")
+    assert spread["inputs"]["tensors"] == 161 and "ResNet-50" in spread["tensor_spread"]
+    assert any(a.startswith("tensors: the tensors of ResNet-50") for a in spread["assumptions"])
+    assert spread["speedup_over_horovod"] == pytest.approx(1.0, abs=0.01)
+    assert one["speedup_over_horovod"] > 1.1 and one["horovod_total_s"] > 1.1 * spread["horovod_total_s"]
+
+
+def test_the_headline_compares_training_steps_and_says_where_compute_came_from(capsys):
+    """The choice line gives both training steps and says the compute times were given; with none
+    given it compares no steps: the exchanges' ratio only bounds the step's."""
+    assert whatif.main(["--params", "126M", "--bandwidth", "1Gbit/s", "--device", "h100", "--forward-ms", "40",
+                        "--backward-ms", "80"]) == 0
+    choice = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("choice: "))
+    out = json_of(capsys, "--params", "126M", "--bandwidth", "1Gbit/s", "--device", "h100", "--forward-ms", "40",
+                  "--backward-ms", "80")
+    assert out["compute_times"] == {"forward": "given", "backward": "given"}
+    assert choice == (f"choice: {out['choice']}: a training step of {1e3 * out['plan']['total_s']:.3f} ms against stock "
+                      f"Horovod's {1e3 * out['horovod_total_s']:.3f} ms, {out['speedup_over_horovod']:.2f}x its speed "
+                      "(a step: forward 40 ms (given) + backward 80 ms (given) + the exchange's part after the backward "
+                      "pass)")
+    assert out["plan"]["total_s"] >= 0.12 and out["horovod_total_s"] >= 0.12
+    assert whatif.main(["--params", "126M", "--bandwidth", "1Gbit/s", "--device", "h100"]) == 0
+    text = capsys.readouterr().out
+    choice = next(line for line in text.splitlines() if line.startswith("choice: "))
+    assert "there is no training step to compare: a step gains less than" in choice and "its speed" not in choice
+    assert "assumed a step: forward 0 ms (assumed: not given) + backward 0 ms (assumed: not given)" in text
+
+
+def test_plot_data_equal_the_slow_paths_at_a_few_bandwidths(monkeypatch, rng):
+    """--plot's curves (`_plot_data`, the search pricing buckets lazily) are, at bandwidths drawn
+    from `PLOT_GBITS`, what `_prediction` gives there with every bucket of the search priced (the
+    full table, as before the search became lazy)."""
+    tensors = [(name, n) for name, n in reversed(whatif._spread(int(rng.integers(10**6, 10**8)), None)[0])]
+    ready = whatif._ready_times([n for _, n in tensors], 0.06)
+    net = cm.Network(5e-5, 1.25e9)
+    cluster = cm.ClusterModel(8, net, net, cm.AffineCost(1e-4, float(rng.uniform(1e-10, 2e-9))))
+    compressor = tfcomp.DRAGONN(0.001)
+    fast = whatif._plot_data(tensors, ready, compressor, cluster, 0.03, 0.06, planning.COMPRESSION_MARGIN)
+    assert all(len(ms) == len(whatif.PLOT_GBITS) == 61 for ms in fast.values())
+    lazy = planning._best_partitions
+    monkeypatch.setattr(planning, "_best_partitions", lambda *args: dict(lazy(*args).items()))  # every bucket priced
+    for index in sorted(rng.choice(len(whatif.PLOT_GBITS), 4, replace=False)):
+        slow_net = cm.Network(5e-5, whatif.PLOT_GBITS[index] * 1e9 / 8)
+        slow, _ = whatif._prediction(tensors, ready, compressor, dataclasses.replace(
+            cluster, allreduce=slow_net, allgather=slow_net), 0.03, 0.06, planning.COMPRESSION_MARGIN)
+        assert fast["tfcomp plan"][index] == 1e3 * slow["plan"]["total_s"]
+        assert fast["stock Horovod (overlapped)"][index] == 1e3 * slow["horovod_total_s"]
+        assert [fast[f"one bucket, {row['name']}"][index] for row in slow["strategies"]] == [
+            1e3 * row["total_s"] for row in slow["strategies"]]
+
+
+def _transformer_tensors() -> list:
+    """BERT-base's 199 tensors (110M elements): embeddings, 12 layers of attention and feed-forward
+    kernels with their biases and layer norms, the pooler."""
+    hidden, ffn = 768, 3072
+    sizes = [30522 * hidden, 512 * hidden, 2 * hidden, hidden, hidden]
+    for _ in range(12):
+        sizes += [hidden * hidden, hidden] * 4 + [hidden, hidden, hidden * ffn, ffn, ffn * hidden, hidden, hidden,
+                                                   hidden]
+    return sizes + [hidden * hidden, hidden]
+
+
+GRID_WORKERS = (2, 4, 8, 16, 64)
+GRID_GBITS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+
+
+def test_no_compressing_plan_within_the_margin_over_a_grid(rng):
+    """Models of four spreads (one giant tensor, ResNet-50, many small tensors, BERT-base), K from
+    2 to 64, 100 Mbit/s to 100 Gbit/s, DRAGONN priced from the H100 table: where make_plan (with and
+    without the step) or the what-if compresses, its predicted gain over all dense (priced apart, by
+    a compressor forced dense and by stock Horovod's replay) exceeds the margin of the step; where
+    compressing clearly pays (1 Gbit/s, the large models) it still compresses; and the margin turns
+    some plans dense that compressed before."""
+    from tfcomp import device_costs
+
+    models = {"giant": [10**8], "resnet50": [n for _, n in whatif.resnet50_tensors()],
+              "many_small": [int(n) for n in rng.integers(1000, 30000, 300)], "bert_base": _transformer_tensors()}
+    forward, backward, margin = 0.03, 0.06, planning.COMPRESSION_MARGIN
+    compressor, forced_dense = tfcomp.DRAGONN(0.001), tfcomp.DRAGONN(0.001, strategy="dense")
+    turned_dense = 0
+    for name, sizes in models.items():
+        tensors = [(i, f"t{i}", n) for i, n in reversed(list(enumerate(sizes)))]
+        ready = whatif._ready_times([n for _, _, n in tensors], backward)
+        for workers in GRID_WORKERS:
+            cost, _ = device_costs.bucket_cost(device_costs.MEASURED["h100"], compressor, workers)
+            for gbits in GRID_GBITS:
+                net = cm.Network(5e-5, gbits * 1e9 / 8)
+                cluster = cm.ClusterModel(workers, net, net, cost)
+                where = (name, workers, gbits)
+                dense_end = planning.predicted_exchange_time(
+                    planning.make_plan(tensors, forced_dense, cluster, ready_seconds=ready))
+                step = forward + max(backward, dense_end)
+                for step_seconds, of in ((None, dense_end), (step, step)):
+                    plan = planning.make_plan(tensors, compressor, cluster, ready_seconds=ready, step_seconds=step_seconds)
+                    if plan.compressed:
+                        assert dense_end - planning.predicted_exchange_time(plan) > margin * of, where
+                result, _ = whatif._prediction([(n, e) for _, n, e in tensors], ready, compressor, cluster, forward,
+                                               backward, margin)
+                assert result["dense_total_s"] == pytest.approx(result["horovod_total_s"], rel=1e-12), where
+                if result["compresses"]:
+                    assert result["horovod_total_s"] - result["plan"]["total_s"] > margin * result["horovod_total_s"]
+                else:
+                    assert result["plan"]["total_s"] == result["dense_total_s"], where
+                    turned_dense += 0.0 < result["predicted_gain"] <= margin
+                if gbits == 1.0 and name != "many_small" and workers >= 4:
+                    assert result["compresses"] and plan.compressed, where
+    assert turned_dense > 0
