@@ -57,7 +57,8 @@ def test_json_matches_the_formulas(rng):
     chosen = fastest if dense - fastest["total_s"] > out["margin"] * dense else rows["dense_ring_allreduce"]
     assert out["compresses"] == (chosen is fastest and fastest["name"] != "dense_ring_allreduce")
     assert out["plan"]["total_s"] == pytest.approx(chosen["total_s"])
-    assert out["choice"] == {"dense_ring_allreduce": "dense", "artopk_ring": "artopk"}.get(chosen["name"], chosen["name"])
+    names = {"dense_ring_allreduce": "dense", "artopk_ring": "artopk"}
+    assert out["choice"] == names.get(chosen["name"], chosen["name"])
     assert out["compute_times"] == {"forward": "assumed", "backward": "assumed"}
     assert out["tensor_spread"] == "one tensor (--tensors 1)"
     assert out["speedup_over_horovod"] == pytest.approx(out["horovod_total_s"] / out["plan"]["total_s"])
@@ -285,7 +286,8 @@ def test_randomk_offers_its_allreduce_and_quantisers_their_allgather():
     (["--params", "100", "--encode-ms", "1", "--overlap-slowdown", "nan"], "--overlap-slowdown must be a number from 1 to 20"),
     (["--params", "100", "--encode-ms", "1", "--margin", "1"], "--margin must be a fraction in [0, 1), got 1.0"),
     (["--params", "100", "--encode-ms", "1", "--margin", "-0.1"], "--margin must be a fraction in [0, 1), got -0.1"),
-    (["--params", "100", "--encode-ms", "1", "--tensors", "0"], "--tensors must be an integer from 1 to --params, got 0"),
+    (["--params", "100", "--encode-ms", "1", "--tensors", "0"],
+     "--tensors must be an integer from 1 to --params, got 0"),
     (["--bandwidth", "1Gbps"], "one of the arguments --params --profile is required"),
     (["--profile", "/nonexistent/profile.json"], "--profile '/nonexistent/profile.json' is not a readable profile"),
 ])
@@ -377,10 +379,10 @@ def test_the_headline_compares_training_steps_and_says_where_compute_came_from(c
     out = json_of(capsys, "--params", "126M", "--bandwidth", "1Gbit/s", "--device", "h100", "--forward-ms", "40",
                   "--backward-ms", "80")
     assert out["compute_times"] == {"forward": "given", "backward": "given"}
-    assert choice == (f"choice: {out['choice']}: a training step of {1e3 * out['plan']['total_s']:.3f} ms against stock "
-                      f"Horovod's {1e3 * out['horovod_total_s']:.3f} ms, {out['speedup_over_horovod']:.2f}x its speed "
-                      "(a step: forward 40 ms (given) + backward 80 ms (given) + the exchange's part after the backward "
-                      "pass)")
+    assert choice == (f"choice: {out['choice']}: a training step of {1e3 * out['plan']['total_s']:.3f} ms against "
+                      f"stock Horovod's {1e3 * out['horovod_total_s']:.3f} ms, {out['speedup_over_horovod']:.2f}x its "
+                      "speed (a step: forward 40 ms (given) + backward 80 ms (given) + the exchange's part after the "
+                      "backward pass)")
     assert out["plan"]["total_s"] >= 0.12 and out["horovod_total_s"] >= 0.12
     assert whatif.main(["--params", "126M", "--bandwidth", "1Gbit/s", "--device", "h100"]) == 0
     text = capsys.readouterr().out
@@ -454,7 +456,8 @@ def test_no_compressing_plan_within_the_margin_over_a_grid(rng):
                     planning.make_plan(tensors, forced_dense, cluster, ready_seconds=ready))
                 step = forward + max(backward, dense_end)
                 for step_seconds, of in ((None, dense_end), (step, step)):
-                    plan = planning.make_plan(tensors, compressor, cluster, ready_seconds=ready, step_seconds=step_seconds)
+                    plan = planning.make_plan(tensors, compressor, cluster, ready_seconds=ready,
+                                              step_seconds=step_seconds)
                     if plan.compressed:
                         assert dense_end - planning.predicted_exchange_time(plan) > margin * of, where
                 result, _ = whatif._prediction([(n, e) for _, n, e in tensors], ready, compressor, cluster, forward,
