@@ -11,7 +11,8 @@ walks y = 1, 2, ... and stops when one more group no longer helps by `min_gain` 
 `max_groups` (8). What compressing costs once per exchange whatever the buckets
 (`ClusterModel.compression_fixed`) is added to the result, and a plan that then does not shorten
 the training step by more than `COMPRESSION_MARGIN` (5 %) of it (`exceeds_margin`: a smaller
-predicted gain is within the noise of a step measured on this machine) becomes all dense. No
+predicted gain is within the noise of a step measured on this machine; the step is the caller's,
+else the all-dense exchange, a lower bound of it: see `make_plan`) becomes all dense. No
 training step is probed: it is arithmetic on calibrated figures. The search prices a bucket only
 when the dynamic programme first needs it, so where one bucket is best (Algorithm 2 stops at y = 2)
 it prices about 2n of the n (n + 1) / 2 buckets of n tensors.
@@ -303,8 +304,9 @@ def make_plan(tensors, compressor, cluster: cm.ClusterModel, *, ready_seconds=No
         plan = dataclasses.replace(plan, dense_buckets=dense.buckets)
         # What compressed buckets cost once per exchange (cluster.compression_fixed) may outweigh what they
         # save; a gain within the margin is within the step's noise.
+        gain = predicted_gain(plan)
         step = all_dense_time(plan) if step_seconds is None else step_seconds
-        return plan if exceeds_margin(predicted_gain(plan), step, margin) else dense
+        return plan if gain > 0.0 and exceeds_margin(gain, step, margin) else dense
     return plan
 
 
