@@ -104,7 +104,8 @@ def _first_step(cluster, hosts: int, rate: str) -> tuple:
                                 f"--model={model}", f"--arm={arm}", f"--steps={FLAGS.first_step_steps}"))
             print(f"{hosts} hosts, {rate}, {model}, {arm}: first step {jobs[-1]['first_step_s']:.2f} s", flush=True)
         plan = next(j["plan"] for j in jobs if j["arm"] == "tfcomp")
-        rows.append({"hosts": hosts, "rate": rate, "model": model, "plan": plan, **report.first_step_summary(jobs)})
+        rows.append({"hosts": hosts, "rate": rate, "model": model, "plan": plan,
+                     "traces": report.trace_counts(jobs), **report.first_step_summary(jobs)})
         records += jobs
     return rows, records
 

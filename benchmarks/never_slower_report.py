@@ -18,7 +18,7 @@ import numpy as np
 
 __all__ = ["ARMS", "MODELS", "bootstrap_median_interval", "describe_plan", "first_step_order", "first_step_summary",
            "first_step_table", "job_order", "job_summary", "job_table", "paired_ratios", "round_order",
-           "steady_summary", "steady_table"]
+           "steady_summary", "steady_table", "trace_counts"]
 
 ARMS = ("horovod", "tfcomp")  # plain hvd.DistributedOptimizer; the same with compression=tfcomp.DRAGONN()
 MODELS = ("many_small", "cnn", "vit")  # of benchmarks.network_worker.MODELS, the ones issue 44 names
@@ -143,6 +143,15 @@ def first_step_summary(jobs: list) -> dict:
             "horovod_jobs_s": by_arm["horovod"], "tfcomp_jobs_s": by_arm["tfcomp"]}
 
 
+def trace_counts(jobs: list) -> str:
+    """How many times Keras traced the training function in the jobs of each arm (a list of {"arm",
+    "traces": int}), as "horovod / tfcomp", each arm's distinct counts joined by "or": "2 / 1"."""
+    def counts(arm):
+        return " or ".join(str(c) for c in sorted({int(j["traces"]) for j in jobs if j["arm"] == arm})) or "-"
+
+    return f"{counts('horovod')} / {counts('tfcomp')}"
+
+
 def job_summary(pairs: list) -> dict:
     """From the whole-job mode's pairs of one model (a list of {"tfcomp": record, "horovod": record},
     each record {"fit_s": fit's wall time on rank 0, "job_s": the whole horovodrun job's}, seconds):
@@ -180,13 +189,14 @@ def steady_table() -> list:
 
 def first_step_table() -> list:
     """The columns of the first-step table; a row is a `first_step_summary` dict with "hosts",
-    "rate", "model" and "plan" (the tfcomp jobs' first plan) added."""
+    "rate", "model", "traces" (`trace_counts`) and "plan" (the tfcomp jobs' first plan) added."""
     return [("hosts", 5, lambda r: str(r["hosts"])), ("link", 7, lambda r: r["rate"]),
             ("model", 10, lambda r: r["model"]), ("jobs", 4, lambda r: str(len(r["tfcomp_jobs_s"]))),
             ("horovod s", 9, lambda r: f"{r['horovod_s']:.2f}"), ("tfcomp s", 8, lambda r: f"{r['tfcomp_s']:.2f}"),
             ("overhead s", 10, lambda r: f"{r['overhead_s']:+.2f}"),
             ("horovod jobs s", 14, lambda r: _listed(r["horovod_jobs_s"], 2)),
             ("tfcomp jobs s", 13, lambda r: _listed(r["tfcomp_jobs_s"], 2)),
+            ("traces horovod / tfcomp", 23, lambda r: r["traces"]),
             ("plan", 30, lambda r: r["plan"])]
 
 

@@ -30,7 +30,9 @@ rounds is counted.
 --mode=fit: one arm (--arm) of one model (--model) trained by `model.fit` for --steps steps (one
 epoch of steps_per_epoch), with `hvd.callbacks.BroadcastGlobalVariablesCallback(0)` (and `Replan()`
 for tfcomp), after a barrier: fit's wall time on rank 0 and each step's (a callback's batch begin to
-batch end, the loss fetched; the first includes the trace and tfcomp's first plan).
+batch end, the loss fetched; the first includes the trace and tfcomp's first plan), and how many
+times Keras traced its last training function (plain Horovod's Keras optimizer traces it twice: its
+slots are made in the first trace; tfcomp's exchange builds them beforehand, so once).
 
 Rank 0 writes --json_out.
 """
@@ -205,7 +207,8 @@ def _fit(model_name: str, arm: str, steps: int) -> dict:
     fit_s = time.perf_counter() - start
     step_s = [end - begin for begin, end in zip(timer.begins, timer.ends)]
     return {"arm": arm, "model": model_name, "steps": steps, "fit_s": fit_s, "first_step_s": step_s[0],
-            "until_first_step_s": timer.begins[0] - start, "step_s": step_s, **_plan_record(model, replan)}
+            "until_first_step_s": timer.begins[0] - start, "step_s": step_s,
+            "traces": model.train_function.experimental_get_tracing_count(), **_plan_record(model, replan)}
 
 
 def main():

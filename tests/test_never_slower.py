@@ -105,6 +105,13 @@ def test_first_step_summary(rng):
         report.first_step_summary([{"arm": "dense", "first_step_s": 1.0}])
 
 
+def test_trace_counts():
+    jobs = [{"arm": "tfcomp", "traces": 1}, {"arm": "horovod", "traces": 2}, {"arm": "tfcomp", "traces": 3},
+            {"arm": "horovod", "traces": 2}]
+    assert report.trace_counts(jobs) == "2 / 1 or 3"
+    assert report.trace_counts(jobs[:1]) == "- / 1"
+
+
 def test_job_summary(rng):
     fit = rng.uniform(50.0, 90.0, (5, 2))
     job = fit + rng.uniform(5.0, 10.0, (5, 2))
@@ -126,11 +133,12 @@ def test_tables_show_each_mode_s_figures(rng):
     text = markdown_table(report.steady_table(), [steady])
     assert f"| {steady['ratio']:.3f} | {steady['ratio_low']:.3f} to {steady['ratio_high']:.3f} |" in text
     assert "| 400 (capped) |" in text and "all dense (22 buckets)" in text
-    first = {"hosts": 4, "rate": "none", "model": "vit", "plan": "all dense (3 buckets)",
+    first = {"hosts": 4, "rate": "none", "model": "vit", "plan": "all dense (3 buckets)", "traces": "2 / 1",
              **report.first_step_summary([{"arm": a, "first_step_s": s} for a, s in
                                           zip(report.first_step_order(2), [5.0, 4.5, 6.0, 4.0])])}
-    assert "| 5.50 | +1.25 | 4.50, 4.00 | 5.00, 6.00 |" in markdown_table(report.first_step_table(), [first])
+    assert "| 5.50 | +1.25 | 4.50, 4.00 | 5.00, 6.00 | 2 / 1 |" in markdown_table(report.first_step_table(), [first])
+    pair = {"tfcomp": {"fit_s": 101.0, "job_s": 120.0}, "horovod": {"fit_s": 100.0, "job_s": 120.0}}
     whole = {"hosts": 4, "rate": "none", "model": "cnn", "steps": 300, "plan": "all dense (22 buckets)",
-             **report.job_summary([{"tfcomp": {"fit_s": 101.0, "job_s": 120.0}, "horovod": {"fit_s": 100.0, "job_s": 120.0}}])}
+             **report.job_summary([pair])}
     assert "| 1.010 | 1.010 | 1.000 | 1.000 |" in markdown_table(report.job_table(), [whole])
     assert len(text_table(report.job_table(), [whole]).splitlines()) == 2
