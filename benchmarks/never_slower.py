@@ -157,9 +157,29 @@ def _header(machine: str, started: datetime.datetime) -> str:
             f"commit {_commit()}; {started:%Y-%m-%d %H:%M} UTC. Workers' machine: {machine}")
 
 
-def main(argv):
-    del argv
-    exit_unless_available("never_slower")
+def _flat(records: list) -> list:
+    """The worker records in `records`, a pair of them ({arm: record}) counted as two."""
+    return [r for item in records for r in (item.values() if "machine" not in item else [item])]
+
+
+def _write(rows: list, records: list, started: datetime.datetime, final: bool) -> None:
+    """Writes --json_out and --markdown_out with what has been measured so far (after every
+    cluster setting, so a run that fails later keeps it); `final`: also prints the table."""
+    machine = next((r["machine"] for r in _flat(records)), "unknown")
+    header = _header(machine, started)
+    columns = _MODES[FLAGS.mode][1]()
+    if final:
+        print(f"\n{header}\n\n{text_table(columns, rows)}")
+    if FLAGS.markdown_out:
+        with open(FLAGS.markdown_out, "w") as f:
+            f.write(f"{header}\n\n{markdown_table(columns, rows)}\n")
+    if FLAGS.json_out:
+        with open(FLAGS.json_out, "w") as f:
+            json.dump({"header": header, "summaries": rows, "records": records}, f, indent=1)
+
+
+def _checked_flags() -> tuple:
+    """(hosts, rates) from the flags; app.UsageError for a bad flag."""
     unknown = [m for m in FLAGS.models if m not in report.MODELS]
     if unknown:
         raise app.UsageError(f"--models: {unknown[0]!r} is not one of {', '.join(report.MODELS)}")
@@ -175,9 +195,16 @@ def main(argv):
     for rate in rates:
         try:
             parse_rate(rate)
-        except ValueError as error:
-            raise app.UsageError(f"--rates: {error}") from None
-    measure, columns = _MODES[FLAGS.mode]
+        except ValueError:
+            raise app.UsageError(f"--rates: {rate!r} is not a link rate such as 1gbit, 10gbit or none") from None
+    return hosts, rates
+
+
+def main(argv):
+    del argv
+    hosts, rates = _checked_flags()
+    exit_unless_available("never_slower")
+    measure = _MODES[FLAGS.mode][0]
     started = datetime.datetime.now(datetime.timezone.utc)
     rows, records = [], []
     for count in hosts:
@@ -187,20 +214,8 @@ def main(argv):
                 new_rows, new_records = measure(cluster, count, rate)
                 rows += new_rows
                 records += new_records
-    machine = next((r["machine"] for r in _flat(records)), "unknown")
-    header = _header(machine, started)
-    print(f"\n{header}\n\n{text_table(columns(), rows)}")
-    if FLAGS.markdown_out:
-        with open(FLAGS.markdown_out, "w") as f:
-            f.write(f"{header}\n\n{markdown_table(columns(), rows)}\n")
-    if FLAGS.json_out:
-        with open(FLAGS.json_out, "w") as f:
-            json.dump({"header": header, "summaries": rows, "records": records}, f, indent=1)
-
-
-def _flat(records: list) -> list:
-    """The worker records in `records`, a pair of them ({arm: record}) counted as two."""
-    return [r for item in records for r in (item.values() if "machine" not in item else [item])]
+                _write(rows, records, started, final=False)
+    _write(rows, records, started, final=True)
 
 
 if __name__ == "__main__":

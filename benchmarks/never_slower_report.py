@@ -7,6 +7,7 @@ median of the per-round ratios tfcomp / horovod and a bootstrap 95 % interval of
 seconds of fresh jobs of each arm, their medians and the overhead tfcomp - horovod. Whole job
 (`job_summary`): pairs of jobs, the per-pair ratios of fit's and of the whole job's wall time and
 their medians. The `*_table` functions turn those into table rows for `benchmarks.tables`.
+`plan_settled` says when the steady mode's warm-up may end.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import statistics
 import numpy as np
 
 __all__ = ["ARMS", "MODELS", "bootstrap_median_interval", "describe_plan", "first_step_order", "first_step_summary",
-           "first_step_table", "job_order", "job_summary", "job_table", "paired_ratios", "round_order",
-           "steady_summary", "steady_table", "trace_counts"]
+           "first_step_table", "job_order", "job_summary", "job_table", "paired_ratios", "plan_settled",
+           "round_order", "steady_summary", "steady_table", "trace_counts"]
 
 ARMS = ("horovod", "tfcomp")  # plain hvd.DistributedOptimizer; the same with compression=tfcomp.DRAGONN()
 MODELS = ("many_small", "cnn", "vit")  # of benchmarks.network_worker.MODELS, the ones issue 44 names
@@ -35,6 +36,19 @@ def round_order(round_index: int, arms=ARMS) -> list:
     order = list(arms)
     random.Random(round_index).shuffle(order)
     return order
+
+
+def plan_settled(exchange, replan, previous_entry) -> bool:
+    """Whether the tfcomp arm's plan is settled on this rank, read after a step and its `replan`
+    (`tfcomp.keras.Replan`) call: the exchange's (`tfcomp.GradientExchange`) deferred calibration
+    (if any) done, `replan`'s re-plan with the measured ready times done, the running plan's trial
+    (if any) decided for the plan (a dropped plan is not settled until it is installed again
+    without the trial), and the plan entry (`exchange.last_entry`) the one run before the last step
+    (`previous_entry`): `Replan` settles a change one step later."""
+    trial = None if exchange.trial is None else exchange.trial.read()
+    return (not exchange.calibration_pending and replan.replanned is not None
+            and (trial is None or (trial["decided"] and trial["compressed"]))
+            and exchange.last_entry is previous_entry)
 
 
 def first_step_order(jobs: int) -> list:

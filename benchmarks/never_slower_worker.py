@@ -18,14 +18,14 @@ inputs; the CNN and the ViT of `examples/models.py` on Fashion-MNIST batches of 
 
 --mode=steady: per model of --models, both arms built; the tfcomp arm is stepped with
 `train_on_batch`, its `Replan` driven by hand as `fit` would (`set_model`, `on_train_begin`,
-`on_train_batch_end` after each step), until its plan is settled (`plan_settled`: no calibration
-pending, `Replan`'s re-plan with the measured ready times done, the plan's trial (if any) decided
-for the plan, and no new plan installed in the last step; every rank agrees before stopping) or
---max_warmup_steps (then reported as capped); the horovod arm takes as many warm-up steps. Then
---rounds rounds, each one step of each arm on the same batch, in an order shuffled per round
-(`never_slower_report.round_order`), each step timed on rank 0 after a barrier; `Replan` runs after
-the tfcomp arm's step, outside its time (its seconds are recorded), and a plan it installs during the
-rounds is counted.
+`on_train_batch_end` after each step), until its plan is settled
+(`never_slower_report.plan_settled`: no calibration pending, `Replan`'s re-plan with the measured
+ready times done, the plan's trial (if any) decided for the plan, and no new plan installed in the
+last step; every rank agrees before stopping) or --max_warmup_steps (then reported as capped); the
+horovod arm takes as many warm-up steps. Then --rounds rounds, each one step of each arm on the
+same batch, in an order shuffled per round (`never_slower_report.round_order`), each step timed on
+rank 0 after a barrier; `Replan` runs after the tfcomp arm's step, outside its time (its seconds
+are recorded), and a plan it installs during the rounds is counted.
 
 --mode=fit: one arm (--arm) of one model (--model) trained by `model.fit` for --steps steps (one
 epoch of steps_per_epoch), with `hvd.callbacks.BroadcastGlobalVariablesCallback(0)` (and `Replan()`
@@ -48,13 +48,14 @@ import tensorflow as tf
 
 import tfcomp
 from benchmarks.network_worker import BATCH, MODELS
-from benchmarks.never_slower_report import ARMS, MODELS as BENCHMARK_MODELS, describe_plan, round_order
+from benchmarks.never_slower_report import ARMS, describe_plan, plan_settled, round_order
+from benchmarks.never_slower_report import MODELS as BENCHMARK_MODELS
 from benchmarks.tables import machine_header
 from benchmarks.tta_configs import MOMENTUM, learning_rate
 from examples import fashion_mnist
 from tfcomp.collectives import barrier as make_barrier
 
-__all__ = ["plan_settled"]
+__all__ = []
 
 SEED = 0
 _IMAGE_BATCHES = 200  # batches per worker read from Fashion-MNIST, then repeated
@@ -116,18 +117,6 @@ def _plan_record(model, replan=None) -> dict:
         record.update(calibrated_at=replan.calibrated_at, replanned=replan.replanned,
                       checks=[{k: v for k, v in c.items() if isinstance(v, (bool, int, float))} for c in replan.checks])
     return record
-
-
-def plan_settled(exchange, replan, previous_entry) -> bool:
-    """Whether the tfcomp arm's plan is settled on this rank: its deferred calibration (if any) done,
-    `replan`'s (`tfcomp.keras.Replan`) re-plan with the measured ready times done, the running
-    plan's trial (if any) decided for the plan (a dropped plan is not settled until it is installed
-    again without the trial), and the plan entry the one run before the last step
-    (`previous_entry`): a change is settled by `Replan` one step later."""
-    trial = None if exchange.trial is None else exchange.trial.read()
-    return (not exchange.calibration_pending and replan.replanned is not None
-            and (trial is None or (trial["decided"] and trial["compressed"]))
-            and exchange.last_entry is previous_entry)
 
 
 def _on_every_rank(flag: bool) -> bool:

@@ -1,5 +1,7 @@
 """benchmarks/never_slower.py's figures from made-up timings (its jobs need root and an emulated cluster)."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -142,3 +144,28 @@ def test_tables_show_each_mode_s_figures(rng):
              **report.job_summary([pair])}
     assert "| 1.010 | 1.010 | 1.000 | 1.000 |" in markdown_table(report.job_table(), [whole])
     assert len(text_table(report.job_table(), [whole]).splitlines()) == 2
+
+
+class _Trial:
+    def __init__(self, decided, compressed):
+        self.verdict = {"decided": decided, "compressed": compressed, "compressed_ms": 1.0, "dense_ms": 2.0}
+
+    def read(self):
+        return self.verdict
+
+
+def test_plan_settled_needs_calibration_replan_trial_and_a_steady_entry():
+    entry = object()
+
+    def settled(pending=False, replanned=False, trial=None, previous=entry):
+        exchange = types.SimpleNamespace(calibration_pending=pending, trial=trial, last_entry=entry)
+        return report.plan_settled(exchange, types.SimpleNamespace(replanned=replanned), previous)
+
+    assert settled()
+    assert settled(replanned=True, trial=_Trial(decided=True, compressed=True))
+    assert not settled(pending=True)
+    assert not settled(replanned=None)  # Replan's re-plan with the measured ready times still to come
+    assert not settled(trial=_Trial(decided=False, compressed=True))
+    assert not settled(trial=_Trial(decided=True, compressed=False))  # dropped: Replan installs it again
+    assert not settled(previous=object())  # a new plan: Replan may settle it after the next step
+    assert not settled(previous=None)
