@@ -1,11 +1,14 @@
 """tfcomp.controller.PlanController alone: a stand-in exchange (the three members the controller
 uses), a stand-in planner that plans with `tfcomp.planning` from figures the test sets, and
-`LocalCollectives` of K workers (the ranks' gathers return this one's figures): re-plans with the
-measured ready times, the prediction checked, deferred calibration, the trial's verdict kept over
-the job, an all-dense plan settled. No Horovod collective and no timing of this machine."""
+`LocalCollectives` of K workers (the ranks' gathers return this one's figures) and a clock the test
+advances: the first plan all dense until calibrated, the gate on fabricated timelines and step
+times, calibration within its budget, re-plans with the measured ready times, the prediction
+checked (and a 2x departure shown once), the trial's verdict kept over the job, an all-dense plan
+settled. No Horovod collective and no timing of this machine."""
 
 import dataclasses
 import functools
+import math
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -16,7 +19,7 @@ import tfcomp
 from tfcomp import cost_model as cm
 from tfcomp import planning
 from tfcomp.collectives import LocalCollectives
-from tfcomp.controller import PlanController
+from tfcomp.controller import BUDGET_STEPS, CALIBRATION_SHARE, GATE_STEPS, MAX_SHARE, PlanController, calibration_gate
 
 WORKERS = 4
 SLOW = cm.Network(1e-4, 0.1e9 / 8)  # 100 Mbit/s: compressing pays
@@ -98,26 +101,42 @@ class _Exchange:
         self.entry.plan = dataclasses.replace(self.entry.plan, cluster=cluster, ready=ready)
 
 
-class _Planner:
-    """Plans with `tfcomp.planning.make_plan` from `cluster`; a deferred calibration is `pieces`
-    calls of `calibrate_some` that end with `calibrated` as the figures."""
+class _Clock:
+    """The driver's wall clock, advanced by the test (and by the stand-in calibration's pieces)."""
 
-    def __init__(self, compressor, cluster, pieces: int = 0, calibrated=None):
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Planner:
+    """Plans with `tfcomp.planning.make_plan` from `cluster`; calibration between steps is `pieces`
+    pieces of `piece_seconds` each on `clock` (each `calibrate_some(seconds)` runs pieces until
+    `seconds` are spent, at least one) that end with `calibrated` as the figures."""
+
+    def __init__(self, compressor, cluster, pieces: int = 0, calibrated=None, clock=None, piece_seconds=0.0):
         self.compressor, self.cluster = compressor, cluster
-        self.pieces, self.calibrated = pieces, calibrated
-        self.calibration_seconds, self.ready_cached, self.deferred = 0.0, False, False
-        self.kept, self.recalibrations = [], 0
+        self.pieces, self.calibrated, self.clock, self.piece_seconds = pieces, calibrated, clock, piece_seconds
+        self.calibration_seconds, self.ready_cached, self.started = 0.0, False, False
+        self.kept, self.recalibrations, self.asked = [], 0, []
 
     @property
     def calibration_pending(self) -> bool:
-        return self.pieces > 0
+        return self.started and self.pieces > 0
 
-    def defer_calibration(self):
-        self.deferred = True
+    def start_calibration(self, tensors):
+        del tensors
+        self.started = True
 
     def calibrate_some(self, seconds) -> bool:
-        del seconds
-        self.pieces -= 1
+        self.asked.append(seconds)
+        ran = min(self.pieces, max(1, math.ceil(seconds / self.piece_seconds)) if self.piece_seconds else self.pieces)
+        self.pieces -= ran
+        if self.clock is not None:
+            self.clock.now += ran * self.piece_seconds
+        self.calibration_seconds += ran * self.piece_seconds
         if self.pieces == 0:
             self.cluster = self.calibrated
         return self.pieces == 0
@@ -125,6 +144,10 @@ class _Planner:
     def plan(self, tensors, signature, ready_seconds=None):
         del signature
         return planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds)
+
+    def dense_plan(self, tensors, signature):
+        del signature
+        return planning.dense_plan(tensors, self.compressor, cm.ClusterModel.unpriced(WORKERS))
 
     def keep_ready_times(self, tensors, ready):
         self.kept.append((list(tensors), list(ready)))
@@ -268,27 +291,6 @@ def test_measured_plan_is_the_running_plan_with_the_latest_ready_times(rng):
     assert controller.measured_plan() is None
 
 
-def test_calibrate_step_runs_the_pieces_then_installs_a_plan_that_compresses(rng):
-    controller, exchange, tensors, ready = _setup(rng, plan_network=FAST, pieces=3, calibrated=_cluster(SLOW))
-    assert controller.calibration_pending
-    assert [controller.calibrate_step(0.1) for _ in range(2)] == [False, False] and exchange.installed == []
-    assert controller.calibrate_step(0.1) is True and not controller.calibration_pending
-    (installed, _), = exchange.installed
-    assert installed.digest() == planning.make_plan(tensors, controller.compressor, _cluster(SLOW),
-                                                    ready_seconds=ready).digest()
-    assert controller.calibrate_step(0.1) is False
-    for bad in (0.0, -1.0, float("nan")):
-        with pytest.raises(ValueError, match="seconds must be a time > 0"):
-            controller.calibrate_step(bad)
-
-
-def test_calibrate_step_keeps_the_dense_plan_where_compressing_does_not_pay_and_lends_it_the_figures(rng):
-    controller, exchange, tensors, ready = _setup(rng, plan_network=FAST, pieces=1, calibrated=_cluster(FAST))
-    assert controller.calibrate_step(0.1) is False and exchange.installed == []
-    assert exchange.entry.plan.cluster == _cluster(FAST)
-    assert exchange.entry.plan.ready == {p: r for (p, _, _), r in zip(tensors, ready)}
-
-
 def test_settle_installs_the_all_dense_plan_again_once_its_residuals_are_sent(rng):
     controller, exchange, _, _ = _setup(rng, plan_network=FAST)
     assert controller.settle() is False  # its step flushes nothing
@@ -313,8 +315,7 @@ def test_the_exchange_takes_a_controller_of_its_compressor_and_delegates_to_it(r
     controller = PlanController(planner, LocalCollectives(1))
     exchange = tfcomp.GradientExchange(compressor, controller=controller)
     assert exchange.controller is controller
-    exchange.defer_calibration()
-    assert planner.deferred and exchange.calibration_pending is False and exchange.calibration_seconds == 0.0
+    assert exchange.calibration_pending is False and exchange.calibration_seconds == 0.0
     with pytest.raises(ValueError, match="not both"):
         tfcomp.GradientExchange(compressor, controller=PlanController(planner, LocalCollectives(1)),
                                 plan=planning.dense_plan([], compressor, _cluster()))
@@ -324,6 +325,7 @@ def test_the_exchange_takes_a_controller_of_its_compressor_and_delegates_to_it(r
     gradient = tf.constant(rng.standard_normal(5000).astype(np.float32))
     exchange([gradient], [variable])
     assert exchange.last_entry.plan is exchange.plan and exchange.trial is None  # one worker: not tried
+    assert exchange.calibration_pending is False and exchange.calibrate_step() is False and exchange.calibrate() is False
 
 
 def test_a_second_calibration_is_spent_only_where_a_network_could_change_the_plan():
