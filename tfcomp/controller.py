@@ -290,12 +290,10 @@ class PlanController:
         ready = latest[:-3]
         exposed = max(0.0, float(latest[-3]) - float(max(ready, default=0.0)))
         self.gate = calibration_gate(exposed, float(latest[-2]), float(latest[-1]))
-        rank = self.collectives.rank
+        report.show(self.gate.describe(), self.collectives.rank)  # the running plan stays: an unpriced dense table
         if not self.gate.calibrates:
             self._calibration = _GATED
-            report.show(f"{self.gate.describe()}\n{entry.plan.table()}", rank)
             return
-        report.show(self.gate.describe(), rank)
         self.planner.start_calibration(entry.tensors)
         self._calibration = _RUNNING
 
