@@ -169,10 +169,11 @@ class PlanController:
 
     def _calibrates_between_steps(self, tensors) -> bool:
         """Whether the first plan of `tensors` is sent dense while calibration waits for a driver:
-        planning="auto", no forced strategy, several workers, gradients to plan and no figures yet."""
+        a compressor that compresses, planning="auto", no forced strategy, several workers,
+        gradients to plan and no figures yet."""
         compressor = self.compressor
-        return (compressor.planning == "auto" and compressor.strategy is None and self.collectives.size > 1
-                and bool(tensors) and self.planner.cluster is None)
+        return (compressor.collective.compresses and compressor.planning == "auto" and compressor.strategy is None
+                and self.collectives.size > 1 and bool(tensors) and self.planner.cluster is None)
 
     def first_plan(self, tensors, signature) -> planning.Plan:
         """The plan of a list of gradients the exchange sees for the first time: the fixed plan;
