@@ -3,11 +3,12 @@
 A `tfcomp.GradientExchange` runs the plan it is given for each list of gradients; a `PlanController`,
 which the exchange is handed (or makes), decides that plan with a `tfcomp.planner.Planner`:
 
-  * the first plan of a list (`first_plan`): a fixed plan given to the exchange; with planning="auto",
-    no forced strategy and several workers, every gradient sent dense (`tfcomp.planning.dense_plan`:
-    Horovod's own step) and nothing measured, calibration left pending; otherwise (a forced
-    strategy, planning="off") the planner's plan, calibrated at once where it needs figures. A plan
-    installed that compresses is tried in training (`trial_steps`, `tfcomp.trial`);
+  * the first plan of a list (`first_plan`): a fixed plan given to the exchange; for a compressor
+    that compresses, with planning="auto", no forced strategy and several workers, every gradient
+    sent dense (`tfcomp.planning.dense_plan`: Horovod's own step) and nothing measured, calibration
+    left pending; otherwise (a forced strategy, planning="off", FP16 or NoCompression) the
+    planner's plan, calibrated at once where it needs figures. A plan installed that compresses is
+    tried in training (`trial_steps`, `tfcomp.trial`);
   * calibration between training steps, run only by a driver: `calibrate_step()` after each step
     (`tfcomp.keras.Replan` calls it in `model.fit`; a custom loop calls `exchange.calibrate_step()`),
     or `calibrate()`, all of it at once, where a job or a test wants calibrated figures now. The
