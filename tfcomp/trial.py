@@ -59,9 +59,10 @@ def trial_schedule(steps: int) -> tuple:
 
 
 class PlanTrial:
-    """The trial of one plan: `steps` timed steps per arm (>= 1); `clock` gives the time (a
-    float64 scalar tensor of seconds; default `tfcomp.counters.stamp`, which waits for nothing).
-    Create it eagerly.
+    """The trial of one plan: `steps` timed steps per arm (>= 1); `margin` the fraction of dense's
+    median step the plan's must beat (default `tfcomp.planning.COMPRESSION_MARGIN`); `clock` gives
+    the time (a float64 scalar tensor of seconds; default `tfcomp.counters.stamp`, which waits for
+    nothing). Create it eagerly.
 
     `sends_compressed(collectives)` (inside the step) is the bool scalar that picks this step's
     branch: it records the last step's time, decides once both arms are timed, and counts the step.
