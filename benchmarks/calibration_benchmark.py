@@ -1,7 +1,7 @@
 """Calibration's time and steadiness on the emulated cluster: fresh calibrations, one job each.
 
     python -m benchmarks.calibration_benchmark [--hosts=4] [--models=cnn,vit] [--rates=1gbit,none]
-        [--modes=first_step,between_steps] [--runs=5] [--seconds_per_step=0.5]
+        [--modes=first_step,between_steps] [--runs=5]
         [--compressor_config=dragonn_0.01] [--nopin_cpus] [--burst_ms=1] [--out_dir=benchmarks/results]
         [--name=calibration_benchmark]
 
@@ -11,10 +11,11 @@ each, builds the model of `examples.models` and has a `tfcomp.GradientExchange` 
 `benchmarks.tta_worker` for --compressor_config, one TensorFlow thread) exchange gradients of the
 model's shapes (random, fixed), calibrating as training does:
 
-  * first_step: the exchange's first call calibrates, all at once, and plans;
-  * between_steps: the first call plans everything dense and calibrates nothing
-    (`GradientExchange.defer_calibration`), and after each later call `calibrate_step(
-    --seconds_per_step)` runs pieces of the calibration, until it is done.
+  * first_step: the exchange's first call (which plans everything dense), then
+    `GradientExchange.calibrate()`, all at once, and the plan (timed together as the first call);
+  * between_steps: the first call plans everything dense and calibrates nothing, and after each
+    later call `calibrate_step()` runs the gate (after 10 calls: where compression cannot pay,
+    nothing is calibrated) and then pieces of the calibration within its budget, until it is done.
 
 Without --cached there is no calibration cache: each job is a fresh process and pays what a job
 on hosts that never calibrated pays. With --cached the runs share one cache (in a temporary
@@ -53,7 +54,6 @@ flags.DEFINE_bool("pin_cpus", True, "Run host i's processes on CPU (i - 1) mod t
                   "cluster computes on its own (benchmarks/cluster.py); --nopin_cpus lets them share all CPUs.")
 flags.DEFINE_float("burst_ms", 1.0, "Each link's token bucket, in milliseconds of its rate (benchmarks/cluster.py).")
 flags.DEFINE_integer("runs", 5, "Fresh calibrations per model, rate and mode.")
-flags.DEFINE_float("seconds_per_step", 0.5, "between_steps: calibrate_step's seconds after each call.")
 flags.DEFINE_string("compressor_config", "dragonn_0.01", "Compressor configuration of benchmarks/tta_configs.py.")
 flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and Markdown go.")
 flags.DEFINE_string("name", "calibration_benchmark", "The results' file name, without extension.")
@@ -89,10 +89,10 @@ def _worker() -> None:
     key = calibration.cache_key(compressor, hvd.global_process_set, sum(sizes), sizes)
     cache_hit = bool(path and hvd.rank() == 0 and calibration.cache.read_cache(path, key, hvd.size()))
     exchange = tfcomp.GradientExchange(compressor)
-    if FLAGS.mode == "between_steps":
-        exchange.defer_calibration()
     start = time.perf_counter()
     exchange(gradients, variables)
+    if FLAGS.mode == "first_step":
+        exchange.calibrate()
     first_call = time.perf_counter() - start
     first_calibration = exchange.calibration_seconds
     step_seconds = []  # calibrate_step's seconds after each call
@@ -101,7 +101,7 @@ def _worker() -> None:
             raise RuntimeError(f"calibration not done after {_MAX_CALIBRATING_STEPS} steps")
         exchange(gradients, variables)
         start = time.perf_counter()
-        exchange.calibrate_step(FLAGS.seconds_per_step)
+        exchange.calibrate_step()
         step_seconds.append(time.perf_counter() - start)
     calls = []  # the next calls: the first traces the plan calibration installed, if it installed one
     for _ in range(_LATER_CALLS):
@@ -123,7 +123,6 @@ def _worker() -> None:
 def _run_one(cluster, model: str, mode: str, cache: str) -> dict:
     command = cluster.horovodrun_args() + [sys.executable, "-m", "benchmarks.calibration_benchmark", "--role=worker",
                                            f"--calibrated_model={model}", f"--mode={mode}",
-                                           f"--seconds_per_step={FLAGS.seconds_per_step}",
                                            f"--compressor_config={FLAGS.compressor_config}"]
     return cluster.run_json(command, "--record", f"{model} {mode}",
                             env={"TFCOMP_CALIBRATION_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=900)
@@ -180,8 +179,7 @@ def _launcher() -> None:
                               f"(at most {max(record['step_seconds'], default=0.0):.2f} s), c1 "
                               f"{1e9 * record['figures'][6]:.2f} ns, plan {record['plan']}", flush=True)
     write_results(FLAGS.out_dir, FLAGS.name, {"hosts": FLAGS.hosts, "cpus": cluster.cpus, "burst_ms": FLAGS.burst_ms,
-                                              "config": FLAGS.compressor_config,
-                                              "seconds_per_step": FLAGS.seconds_per_step, "runs": runs},
+                                              "config": FLAGS.compressor_config, "runs": runs},
                   summarise(runs))
 
 

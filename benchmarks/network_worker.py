@@ -156,7 +156,7 @@ class Trainer:
         return step
 
     def warm_up(self):
-        """Traces, calibrates and plans; where tfcomp tries its plan in training (`tfcomp.trial`:
+        """Traces, calibrates (at once, after the first steps) and plans; where tfcomp tries its plan in training (`tfcomp.trial`:
         some steps with the plan, some dense), runs on until the trial has decided; then re-plans
         with the ready times measured so far (tracing the step again where the plan changed) and
         runs on until that plan's trial has decided too, so that the timed rounds measure the plan
@@ -166,6 +166,8 @@ class Trainer:
         sent), and runs the new plan in the same way where that changed it. Every rank decides at
         the same step."""
         self.run(5)
+        if isinstance(self.exchange, tfcomp.GradientExchange) and self.exchange.calibrate():
+            self._run_new_plan()  # calibrated at once: the first plan sent everything dense, measuring nothing
         self._until_trial_decided()
         if not isinstance(self.exchange, tfcomp.GradientExchange):
             return

@@ -115,6 +115,7 @@ def _worker() -> None:
     everyone = hvd.allgather(tf.constant([mine], tf.float64), name="sparse_traffic").numpy()
     auto = tfcomp.GradientExchange(tfcomp.DRAGONN(FLAGS.ratio, trial_steps=0))
     auto(gradients(0), variables)
+    auto.calibrate()  # at once: the first call sent everything dense, measuring nothing
     calibrated = auto.plan.cluster
     if rank == 0 and FLAGS.json_out:
         # What the cost model, calibrated on this cluster, predicts for each forced plan (its buckets

@@ -28,9 +28,10 @@ parameters on 28x28 images); `vit`, a small Vision Transformer (1.6 M); `mlp`.
 Learning rate: `--lr` is the rate for one worker's batch of `--batch_size`; the optimizer runs with
 lr * workers (linear scaling for the global batch of batch_size * workers).
 
-`tfcomp.keras.Replan` has the exchange calibrate between the first training steps, about
-`--calibration_seconds_per_step` after each (they send everything dense meanwhile), and plan with
-those figures; 30 steps later it makes the exchange's plan again with when each gradient became
+`tfcomp.keras.Replan` has the exchange calibrate between the first training steps (they send
+everything dense meanwhile; after 10 of them a gate decides whether compression could pay at all,
+and only then does calibration run, within a small share of the steps' time), and plan with those
+figures; 30 steps later it makes the exchange's plan again with when each gradient became
 ready in them (dense buckets that overlap the backward pass), then every 20 steps checks the
 exchange's measured end against the prediction and plans again where they part by more than 25 %;
 Keras traces the step again wherever the plan changed.
@@ -93,11 +94,6 @@ flags.DEFINE_integer("seed", 0, "Seed of the train/test split, the initial weigh
 flags.DEFINE_enum("optimizer", None, ["momentum", "sgd"],
                   "momentum: SGD with momentum 0.9; sgd: plain SGD. Unset: momentum, or sgd when "
                   "--momentum is given (the momentum then lives in the error feedback).")
-flags.DEFINE_float("calibration_seconds_per_step", 0.5,
-                   "tfcomp.keras.Replan's: about how long the exchange calibrates after each of the first steps "
-                   "(which send everything dense meanwhile); 0: all at once, on the first step.")
-flags.register_validator("calibration_seconds_per_step", lambda seconds: seconds >= 0.0,
-                         "--calibration_seconds_per_step must be seconds >= 0")
 flags.DEFINE_string("log_json", None, "If set, rank 0 writes the final metrics as JSON to this path.")
 
 _SPARSIFIERS = {"dragonn": tfcomp.DRAGONN, "dgc": tfcomp.DGC, "topk": tfcomp.TopK, "randomk": tfcomp.RandomK}
@@ -234,7 +230,7 @@ def main(argv):
         train, epochs=FLAGS.epochs, verbose=2 if hvd.rank() == 0 else 0,
         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
                    tfcomp.keras.CompressionMonitor(),
-                   tfcomp.keras.Replan(calibration_seconds_per_step=FLAGS.calibration_seconds_per_step or None)],
+                   tfcomp.keras.Replan()],
     )
     seconds = time.perf_counter() - start
     test_loss, test_accuracy = model.evaluate(x_test, y_test, batch_size=256, verbose=0)

@@ -82,9 +82,25 @@ def weights_spread(model: tf.keras.Model) -> float:
     return float(hvd.allreduce(tf.constant(worst), op=hvd_tf.Max).numpy())
 
 
+class CalibrateAtOnce(tf.keras.callbacks.Callback):
+    """After the first step, calibrates the tfcomp exchange at once where calibration is pending
+    (`GradientExchange.calibrate`: a cost-model plan from the second step on, as a plan calibrated on
+    the first step was before calibration moved between steps), and traces the step again where the
+    plan changed."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        try:
+            exchange = tfcomp.exchange_of(self.model.optimizer)
+        except TypeError:  # stock Horovod
+            return
+        if exchange.calibrate():
+            self.model.make_train_function(force=True)
+
+
 def fit(compression, entry="horovod", steps_per_epoch=4, epochs=2, optimizer=None, run_eagerly=False,
         **distributed_kwargs):
-    """Trains make_model() with model.fit; returns (model, distributed optimizer)."""
+    """Trains make_model() with model.fit (a cost-model plan calibrated after the first step:
+    `CalibrateAtOnce`); returns (model, distributed optimizer)."""
     model = make_model()
     inner = optimizer or tf.keras.optimizers.SGD(0.05)
     wrap = hvd.DistributedOptimizer if entry == "horovod" else tfcomp.DistributedOptimizer
@@ -92,7 +108,7 @@ def fit(compression, entry="horovod", steps_per_epoch=4, epochs=2, optimizer=Non
     model.compile(opt, loss="mse", run_eagerly=run_eagerly)
     x, y = local_data(16 * steps_per_epoch)
     model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), CalibrateAtOnce()])
     return model, opt
 
 
@@ -429,6 +445,7 @@ def check_planning(report):
 
     exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.01))
     exchange(grads, variables)
+    exchange.calibrate()  # at once: the first plan sent everything dense, measuring nothing
     report["plan/digest"] = str(exchange.plan.digest())
     report["plan/cluster"] = exchange.plan.cluster.to_list()
     report["plan/strategies"] = [b.strategy for b in exchange.plan.buckets]
@@ -451,6 +468,7 @@ def check_planning(report):
     try:  # the second exchange with the same settings reuses rank 0's cached compression figures
         first, second = (tfcomp.GradientExchange(tfcomp.DRAGONN(0.04)) for _ in range(2))
         first(grads, variables)
+        first.calibrate()
         report["plan/measured_after_first"] = len(measured)
         report["plan/networks_measured_after_first"] = len(network_measured)
         if hvd.rank() == 0:  # complete figures, or lower bounds where the first stage ruled compression out
@@ -460,6 +478,7 @@ def check_planning(report):
             report["plan/first_entry_cached"] = entry is not None
             report["plan/first_entry_complete"] = entry is not None and entry[1]
         second(grads, variables)
+        second.calibrate()
         report["plan/measured_after_second"] = len(measured)
         report["plan/networks_measured_after_second"] = len(network_measured)
         report["plan/cached_compression_equal"] = (
@@ -485,6 +504,8 @@ def check_planning(report):
     tfcomp.calibration._measure = perturbed
     try:
         exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.02))
+        exchange(grads, variables)
+        exchange.calibrate()
         reduced = exchange(grads, variables)
         report["plan/perturbed_digest"] = str(exchange.plan.digest())
         report["plan/perturbed_cluster"] = exchange.plan.cluster.to_list()
@@ -526,7 +547,9 @@ def check_planning(report):
 
     tfcomp.planning.make_plan = different_on_rank_1
     try:
-        tfcomp.GradientExchange(tfcomp.DRAGONN(0.03))(grads, variables)
+        exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.03))
+        exchange(grads, variables)  # all dense: the same plan everywhere
+        exchange.calibrate()  # the calibrated plans differ
         report["plan/mismatch_error"] = ""
     except tfcomp.planning.PlanMismatchError as error:
         report["plan/mismatch_error"] = str(error).splitlines()[0]
@@ -658,9 +681,11 @@ def check_replan(report):
     report["spread/prediction checked"] = weights_spread(model)
 
     model = make_model()
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05, min_elements=256))
+    # A forced strategy calibrates on the first step, whose plan takes the ready times cached above.
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05),
+                                   compression=tfcomp.DRAGONN(0.05, strategy="allgather", min_elements=256))
     model.compile(opt, loss="mse")
-    callback = tfcomp.keras.Replan(after_steps=3, check_every=2, calibration_seconds_per_step=None)  # on step 1
+    callback = tfcomp.keras.Replan(after_steps=3, check_every=2)
     model.fit(x, y, batch_size=16, epochs=8, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
     report["replan/callback"] = callback.replanned
@@ -670,11 +695,12 @@ def check_replan(report):
     report["spread/Replan callback"] = weights_spread(model)
 
 
-def check_deferred_calibration(report):
-    """Calibration between training steps: the first plan sends everything dense and measures
-    nothing, calibrate_step() runs the rest a piece at a time after each step, every rank finishing
-    at the same step with rank 0's figures and one plan; replan() finishes what is left at once.
-    The Keras Replan callback does the same between fit's steps."""
+def check_calibration_between_steps(report):
+    """The first plan sends everything dense and measures nothing; calibrate_step() after each step
+    times the steps, and after GATE_STEPS of them the gate decides alike on every rank (from gathered
+    figures) whether compression could pay; where it could, calibration runs a piece at a time
+    within its budget, every rank finishing at the same step with rank 0's figures and one plan.
+    calibrate() runs it all at once. The Keras Replan callback drives the same between fit's steps."""
     shapes = [(300, 200), (200,), (200, 50), (50,)]
     variables = [tf.Variable(tf.zeros(s)) for s in shapes]
     every_rank = [[np.random.default_rng(50 + r).standard_normal(s).astype(np.float32) for s in shapes]
@@ -683,47 +709,47 @@ def check_deferred_calibration(report):
     mean = [np.mean([g[i] for g in every_rank], axis=0) for i in range(len(shapes))]
 
     exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.015))  # settings no other check calibrated
-    exchange.defer_calibration()
     reduced = exchange(grads, variables)
-    report["deferred/first_plan"] = [b.strategy for b in exchange.plan.buckets]
-    report["deferred/first_pending"] = exchange.calibration_pending
-    report["deferred/first_seconds"] = exchange.calibration_seconds
-    report["deferred/first_mean_error"] = max(float(np.max(np.abs(r.numpy() - m))) for r, m in zip(reduced, mean))
-    report["deferred/check_while_pending"] = exchange.check_prediction() is None
+    report["between/first_plan"] = [b.strategy for b in exchange.plan.buckets]
+    report["between/first_pending"] = exchange.calibration_pending
+    report["between/first_seconds"] = exchange.calibration_seconds
+    report["between/first_mean_error"] = max(float(np.max(np.abs(r.numpy() - m))) for r, m in zip(reduced, mean))
+    report["between/check_while_pending"] = exchange.check_prediction() is None
     steps = 0
-    while exchange.calibration_pending:
+    while exchange.calibration_pending and steps < 5000:  # the same on every rank (agreed figures decide)
+        exchange.calibrate_step()
         exchange(grads, variables)
-        exchange.calibrate_step(0.2)
         steps += 1
-    report["deferred/steps"] = steps
-    report["deferred/seconds"] = exchange.calibration_seconds
-    report["deferred/cluster"] = exchange.plan.cluster.to_list()
-    report["deferred/digest"] = str(exchange.plan.digest())
-    report["deferred/calibrate_after_done"] = exchange.calibrate_step(0.2)
+    gate = exchange.controller.gate
+    report["between/steps"] = steps
+    report["between/gate"] = [gate.exposed_seconds, gate.step_seconds, gate.spread, gate.calibrates, gate.share]
+    report["between/seconds"] = exchange.calibration_seconds
+    report["between/cluster"] = exchange.plan.cluster.to_list()
+    report["between/digest"] = str(exchange.plan.digest())
+    report["between/calibrate_step_after_done"] = exchange.calibrate_step()
 
-    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.015))  # compression costs cached now
-    exchange.defer_calibration()
+    exchange = tfcomp.GradientExchange(tfcomp.DRAGONN(0.015))  # compression costs cached where measured above
     exchange(grads, variables)
-    exchange.calibrate_step(0.01)
-    report["deferred/replan_pending"] = exchange.calibration_pending
-    exchange.replan()
-    report["deferred/replan_finished"] = not exchange.calibration_pending
-    report["deferred/replan_cluster"] = exchange.plan.cluster.to_list()
+    report["between/at_once_changed"] = exchange.calibrate()
+    report["between/at_once_pending"] = exchange.calibration_pending
+    report["between/at_once_cluster"] = exchange.plan.cluster.to_list()
 
     model = make_model()
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=tfcomp.DRAGONN(0.05, min_elements=256))
     model.compile(opt, loss="mse")
-    callback = tfcomp.keras.Replan(after_steps=3, check_every=2, calibration_seconds_per_step=0.2)
+    callback = tfcomp.keras.Replan(after_steps=3, check_every=2)
     x, y = local_data(64)
     fits = 0
-    while fits == 0 or tfcomp.exchange_of(opt).calibration_pending:  # the same on every rank (rank 0 decides)
-        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0,
+    while fits == 0 or tfcomp.exchange_of(opt).calibration_pending:  # the same on every rank
+        model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
         fits += 1
     model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=[callback])
-    report["deferred/callback_calibrated_at"] = callback.calibrated_at
-    report["deferred/callback_replanned"] = callback.replanned
-    report["deferred/callback_digest"] = str(tfcomp.exchange_of(opt).plan.digest())
+    gate = tfcomp.exchange_of(opt).controller.gate
+    report["between/callback_gate"] = [gate.calibrates, gate.share]
+    report["between/callback_calibrated_at"] = callback.calibrated_at
+    report["between/callback_replanned"] = callback.replanned
+    report["between/callback_digest"] = str(tfcomp.exchange_of(opt).plan.digest())
     report["spread/Replan callback, calibrated between steps"] = weights_spread(model)
 
 
@@ -754,7 +780,7 @@ def main():
     report = {"size": hvd.size(), "rank": hvd.rank()}
     for check in (check_exchange_semantics, check_training, check_trial, check_embedding, check_checkpoint,
                   check_loss_scale_skip, check_planning, check_partitioned, check_replan, check_dropped_plan,
-                  check_deferred_calibration, check_barrier):
+                  check_calibration_between_steps, check_barrier):
         check(report)
     with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)

@@ -1,11 +1,14 @@
 """tfcomp.controller.PlanController alone: a stand-in exchange (the three members the controller
 uses), a stand-in planner that plans with `tfcomp.planning` from figures the test sets, and
-`LocalCollectives` of K workers (the ranks' gathers return this one's figures): re-plans with the
-measured ready times, the prediction checked, deferred calibration, the trial's verdict kept over
-the job, an all-dense plan settled. No Horovod collective and no timing of this machine."""
+`LocalCollectives` of K workers (the ranks' gathers return this one's figures) and a clock the test
+advances: the first plan all dense until calibrated, the gate on fabricated timelines and step
+times, calibration within its budget, re-plans with the measured ready times, the prediction
+checked (and a 2x departure shown once), the trial's verdict kept over the job, an all-dense plan
+settled. No Horovod collective and no timing of this machine."""
 
 import dataclasses
 import functools
+import math
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -16,7 +19,7 @@ import tfcomp
 from tfcomp import cost_model as cm
 from tfcomp import planning
 from tfcomp.collectives import LocalCollectives
-from tfcomp.controller import PlanController
+from tfcomp.controller import BUDGET_STEPS, CALIBRATION_SHARE, GATE_STEPS, MAX_SHARE, PlanController, calibration_gate
 
 WORKERS = 4
 SLOW = cm.Network(1e-4, 0.1e9 / 8)  # 100 Mbit/s: compressing pays
@@ -98,26 +101,42 @@ class _Exchange:
         self.entry.plan = dataclasses.replace(self.entry.plan, cluster=cluster, ready=ready)
 
 
-class _Planner:
-    """Plans with `tfcomp.planning.make_plan` from `cluster`; a deferred calibration is `pieces`
-    calls of `calibrate_some` that end with `calibrated` as the figures."""
+class _Clock:
+    """The driver's wall clock, advanced by the test (and by the stand-in calibration's pieces)."""
 
-    def __init__(self, compressor, cluster, pieces: int = 0, calibrated=None):
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Planner:
+    """Plans with `tfcomp.planning.make_plan` from `cluster`; calibration between steps is `pieces`
+    pieces of `piece_seconds` each on `clock` (each `calibrate_some(seconds)` runs pieces until
+    `seconds` are spent, at least one) that end with `calibrated` as the figures."""
+
+    def __init__(self, compressor, cluster, pieces: int = 0, calibrated=None, clock=None, piece_seconds=0.0):
         self.compressor, self.cluster = compressor, cluster
-        self.pieces, self.calibrated = pieces, calibrated
-        self.calibration_seconds, self.ready_cached, self.deferred = 0.0, False, False
-        self.kept, self.recalibrations = [], 0
+        self.pieces, self.calibrated, self.clock, self.piece_seconds = pieces, calibrated, clock, piece_seconds
+        self.calibration_seconds, self.ready_cached, self.started = 0.0, False, False
+        self.kept, self.recalibrations, self.asked = [], 0, []
 
     @property
     def calibration_pending(self) -> bool:
-        return self.pieces > 0
+        return self.started and self.pieces > 0
 
-    def defer_calibration(self):
-        self.deferred = True
+    def start_calibration(self, tensors):
+        del tensors
+        self.started = True
 
     def calibrate_some(self, seconds) -> bool:
-        del seconds
-        self.pieces -= 1
+        self.asked.append(seconds)
+        ran = min(self.pieces, max(1, math.ceil(seconds / self.piece_seconds)) if self.piece_seconds else self.pieces)
+        self.pieces -= ran
+        if self.clock is not None:
+            self.clock.now += ran * self.piece_seconds
+        self.calibration_seconds += ran * self.piece_seconds
         if self.pieces == 0:
             self.cluster = self.calibrated
         return self.pieces == 0
@@ -125,6 +144,10 @@ class _Planner:
     def plan(self, tensors, signature, ready_seconds=None):
         del signature
         return planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds)
+
+    def dense_plan(self, tensors, signature):
+        del signature
+        return planning.dense_plan(tensors, self.compressor, cm.ClusterModel.unpriced(WORKERS))
 
     def keep_ready_times(self, tensors, ready):
         self.kept.append((list(tensors), list(ready)))
@@ -268,27 +291,6 @@ def test_measured_plan_is_the_running_plan_with_the_latest_ready_times(rng):
     assert controller.measured_plan() is None
 
 
-def test_calibrate_step_runs_the_pieces_then_installs_a_plan_that_compresses(rng):
-    controller, exchange, tensors, ready = _setup(rng, plan_network=FAST, pieces=3, calibrated=_cluster(SLOW))
-    assert controller.calibration_pending
-    assert [controller.calibrate_step(0.1) for _ in range(2)] == [False, False] and exchange.installed == []
-    assert controller.calibrate_step(0.1) is True and not controller.calibration_pending
-    (installed, _), = exchange.installed
-    assert installed.digest() == planning.make_plan(tensors, controller.compressor, _cluster(SLOW),
-                                                    ready_seconds=ready).digest()
-    assert controller.calibrate_step(0.1) is False
-    for bad in (0.0, -1.0, float("nan")):
-        with pytest.raises(ValueError, match="seconds must be a time > 0"):
-            controller.calibrate_step(bad)
-
-
-def test_calibrate_step_keeps_the_dense_plan_where_compressing_does_not_pay_and_lends_it_the_figures(rng):
-    controller, exchange, tensors, ready = _setup(rng, plan_network=FAST, pieces=1, calibrated=_cluster(FAST))
-    assert controller.calibrate_step(0.1) is False and exchange.installed == []
-    assert exchange.entry.plan.cluster == _cluster(FAST)
-    assert exchange.entry.plan.ready == {p: r for (p, _, _), r in zip(tensors, ready)}
-
-
 def test_settle_installs_the_all_dense_plan_again_once_its_residuals_are_sent(rng):
     controller, exchange, _, _ = _setup(rng, plan_network=FAST)
     assert controller.settle() is False  # its step flushes nothing
@@ -313,8 +315,7 @@ def test_the_exchange_takes_a_controller_of_its_compressor_and_delegates_to_it(r
     controller = PlanController(planner, LocalCollectives(1))
     exchange = tfcomp.GradientExchange(compressor, controller=controller)
     assert exchange.controller is controller
-    exchange.defer_calibration()
-    assert planner.deferred and exchange.calibration_pending is False and exchange.calibration_seconds == 0.0
+    assert exchange.calibration_pending is False and exchange.calibration_seconds == 0.0
     with pytest.raises(ValueError, match="not both"):
         tfcomp.GradientExchange(compressor, controller=PlanController(planner, LocalCollectives(1)),
                                 plan=planning.dense_plan([], compressor, _cluster()))
@@ -324,6 +325,7 @@ def test_the_exchange_takes_a_controller_of_its_compressor_and_delegates_to_it(r
     gradient = tf.constant(rng.standard_normal(5000).astype(np.float32))
     exchange([gradient], [variable])
     assert exchange.last_entry.plan is exchange.plan and exchange.trial is None  # one worker: not tried
+    assert exchange.calibration_pending is False and exchange.calibrate_step() is False and exchange.calibrate() is False
 
 
 def test_a_second_calibration_is_spent_only_where_a_network_could_change_the_plan():
@@ -346,3 +348,165 @@ def test_a_second_calibration_is_spent_only_where_a_network_could_change_the_pla
     compressing = planning.make_plan(tensors, compressor, _cluster(SLOW), ready_seconds=ready)
     assert compressing.compressed
     assert could_change(compressing, ready, planning.predicted_exchange_time(compressing)) is True
+
+
+# -- the first plan, the gate and calibration between steps ----------------------------------------
+
+
+def _waiting(rng, exposed_fraction: float, spread: float = 0.0, pieces: int = 3, piece_seconds: float = 0.0,
+             step: float = 0.1, workers: int = WORKERS):
+    """(controller, stand-in exchange, tensors, clock, step seconds the driver will time): the first
+    plan made by the controller (all dense, calibration waiting for the gate), its timeline's
+    exchange ending `exposed_fraction` of a `step`-second step after its last gradient, and
+    GATE_STEPS step times spread around `step` with interquartile range about `spread` x step."""
+    compressor = tfcomp.DRAGONN(0.01)
+    sizes = rng.integers(2**18, 2**20, size=4)
+    tensors = [(int(p), f"t{p}", int(sizes[p])) for p in reversed(range(4))]
+    clock = _Clock()
+    planner = _Planner(compressor, None, pieces=pieces, calibrated=_cluster(SLOW), clock=clock,
+                       piece_seconds=piece_seconds)
+    controller = PlanController(planner, LocalCollectives(workers), clock=clock)
+    plan = controller.first_plan(tensors, ())
+    ready = np.sort(rng.uniform(0.0, 0.5 * step, size=4))[::-1]
+    timeline = _Timeline(ready, [float(ready.max()) + exposed_fraction * step], steps=GATE_STEPS)
+    exchange = _Exchange(controller, _Entry(plan, tensors, (), _Runtime(timeline)))
+    offsets = np.linspace(-1.0, 1.0, GATE_STEPS) * spread  # IQR of this linear spread: spread / 2 ...
+    steps = step * (1.0 + 2.0 * offsets[rng.permutation(GATE_STEPS)])  # ... doubled: about `spread`
+    return controller, exchange, tensors, clock, steps
+
+
+def _drive(controller, clock, step_seconds) -> list:
+    """The driver's call after a first step, then after one step of each of `step_seconds`: what
+    each calibrate_step returned."""
+    changed = [controller.calibrate_step()]
+    for seconds in step_seconds:
+        clock.now += seconds
+        changed.append(controller.calibrate_step())
+    return changed
+
+
+def test_the_first_plan_is_all_dense_measures_nothing_and_says_how_calibration_runs(rng, capsys):
+    capsys.readouterr()
+    controller, exchange, tensors, _, _ = _waiting(rng, 0.5)
+    assert not exchange.entry.plan.compressed and [b.strategy for b in exchange.entry.plan.buckets] == ["dense"]
+    assert controller.calibration_pending and not controller.planner.started and controller.planner.asked == []
+    shown = capsys.readouterr().out
+    assert "dense" in shown and "tfcomp.keras.Replan()" in shown and "calibrate_step()" in shown
+    assert controller.replan() is False and controller.check_prediction() is None  # no figures yet
+    assert controller.first_plan(tensors, ()).digest() == exchange.entry.plan.digest()  # said once
+    assert capsys.readouterr().out == ""
+    with pytest.raises(RuntimeError, match="after that call"):
+        PlanController(_Planner(controller.compressor, None), LocalCollectives(WORKERS)).calibrate()
+
+
+@pytest.mark.parametrize("case", [{"strategy": "allgather"}, {"planning": "off"}])
+def test_a_forced_strategy_or_planning_off_plans_at_once_as_before(rng, case):
+    compressor = tfcomp.DRAGONN(0.01, **case)
+    tensors = [(p, f"t{p}", 2**20) for p in reversed(range(3))]
+    controller = PlanController(_Planner(compressor, _cluster()), LocalCollectives(WORKERS))
+    plan = controller.first_plan(tensors, ())
+    assert plan.digest() == planning.make_plan(tensors, compressor, _cluster()).digest()
+    assert controller.calibration_pending is False
+
+
+def test_the_gate_keeps_every_gradient_dense_where_the_exposed_exchange_is_under_the_margin(rng, capsys):
+    controller, exchange, _, clock, steps = _waiting(rng, exposed_fraction=0.03)
+    capsys.readouterr()
+    assert _drive(controller, clock, steps[:-1]) == [False] * GATE_STEPS
+    assert controller.gate is None and controller.calibration_pending  # one step time short
+    assert _drive(controller, clock, steps[-1:]) == [False, False]
+    gate = controller.gate
+    median, (lower, upper) = np.median(steps), np.percentile(steps, [25, 75])
+    np.testing.assert_allclose([gate.step_seconds, gate.spread], [median, (upper - lower) / median], rtol=1e-12,
+                               atol=1e-12)
+    timeline = exchange.entry.runtime.timeline
+    np.testing.assert_allclose(gate.exposed_seconds, timeline.ends[0] - max(timeline.ready), rtol=1e-12)
+    assert not gate.calibrates and gate.share == 0.0 and not controller.calibration_pending
+    assert not controller.planner.started and controller.planner.asked == [] and exchange.installed == []
+    assert "compression cannot gain the 5 % margin here; every gradient is sent dense" in capsys.readouterr().out
+    assert _drive(controller, clock, steps) == [False] * (GATE_STEPS + 1) and controller.planner.asked == []
+    assert controller.replan() is False and controller.check_prediction() is None and controller.calibrate() is False
+
+
+def test_the_gate_wants_a_larger_gain_where_the_steps_are_noisy(rng):
+    # 10 % exposed: over the 5 % margin on steady steps, under twice a 10 % spread on noisy ones.
+    for spread, calibrates in ((0.0, True), (0.1, False)):
+        controller, _, _, clock, steps = _waiting(rng, exposed_fraction=0.1, spread=spread)
+        _drive(controller, clock, steps)
+        gate = controller.gate
+        assert gate.calibrates is calibrates and gate.margin == pytest.approx(max(0.05, 2.0 * gate.spread))
+        assert controller.planner.started is calibrates
+
+
+@pytest.mark.parametrize("exposed, spread", [(0.0, 0.0), (0.049, 0.0), (0.051, 0.0), (0.1, 0.04), (0.1, 0.06),
+                                             (0.3, 0.01), (0.9, 0.0), (1.5, 0.2)])
+def test_calibration_gate_rule(exposed, spread):
+    gate = calibration_gate(exposed * 0.2, 0.2, spread)
+    margin = max(0.05, 2.0 * spread)
+    assert gate.margin == margin and gate.calibrates is (exposed >= margin)
+    assert gate.share == pytest.approx(min(max(CALIBRATION_SHARE, exposed / 2.0), MAX_SHARE) if exposed >= margin else 0.0)
+    assert gate.potential_gain == pytest.approx(exposed)
+
+
+def test_calibration_runs_within_its_share_of_the_last_steps_and_then_installs_its_plan(rng, capsys):
+    step, piece = 0.1, 0.4
+    controller, exchange, tensors, clock, steps = _waiting(rng, exposed_fraction=0.3, pieces=12, piece_seconds=piece,
+                                                           step=step)
+    changed = _drive(controller, clock, steps)
+    share = controller.gate.share
+    assert controller.gate.calibrates and share == pytest.approx(0.15) and changed == [False] * (GATE_STEPS + 1)
+    spent = []  # calibration seconds of each call since the gate, as the rule counts them
+    while controller.calibration_pending:
+        assert len(spent) < 1000
+        pieces_before = controller.planner.pieces
+        clock.now += step
+        changed = controller.calibrate_step()
+        ran = pieces_before - controller.planner.pieces
+        window = min(len(spent) + 1 + GATE_STEPS, BUDGET_STEPS)
+        budget = share * window * step - sum(spent[-(BUDGET_STEPS - 1):])
+        # A piece runs only while the window's calibration time is below its share of the steps' time.
+        assert (ran > 0) is (budget > 0.0)
+        if ran:
+            assert controller.planner.asked[-1] == pytest.approx(budget)
+        spent.append(ran * piece)
+    assert changed is True and controller.gate.calibrates
+    (installed, _), = exchange.installed
+    ready = exchange.entry.runtime.timeline.ready
+    expected = planning.make_plan(tensors, controller.compressor, _cluster(SLOW),
+                                  ready_seconds=[float(ready[p]) for p, _, _ in tensors])
+    assert installed.digest() == expected.digest() and installed.compressed
+    assert "one retrace of the training step" in capsys.readouterr().out
+    assert controller.calibrate_step() is False and controller.calibrate() is False
+
+
+def test_calibrate_runs_all_of_it_at_once_without_the_gate(rng):
+    controller, exchange, tensors, _, _ = _waiting(rng, exposed_fraction=0.0, pieces=5)
+    assert controller.calibrate() is True and not controller.calibration_pending and controller.gate is None
+    assert controller.planner.asked == [float("inf")]
+    (installed, _), = exchange.installed
+    assert installed.compressed and installed.cluster == _cluster(SLOW)
+
+
+def test_calibration_where_compressing_does_not_pay_keeps_the_dense_plan_and_lends_it_the_figures(rng):
+    controller, exchange, tensors, _, _ = _waiting(rng, exposed_fraction=0.5, pieces=1)
+    controller.planner.calibrated = _cluster(FAST)
+    assert controller.calibrate() is False and exchange.installed == []
+    assert exchange.entry.plan.cluster == _cluster(FAST) and not exchange.entry.plan.compressed
+
+
+def test_a_departure_beyond_2x_is_shown_once_and_only_on_rank_0(rng, capsys):
+    controller, exchange, tensors, ready = _setup(rng)
+    late = 3.0 * _predicted(exchange.entry.plan, tensors, ready)
+    exchange.entry.runtime.timeline.ends = [late]
+    capsys.readouterr()
+    controller.check_prediction()
+    shown = capsys.readouterr().out
+    assert shown.count("tfcomp: predicted") == 1 and "measured" in shown and "re-planned" in shown
+    exchange.entry.runtime.timeline.ends = [3.0 * late]
+    controller.check_prediction()
+    assert "tfcomp: predicted" not in capsys.readouterr().out
+    controller, exchange, tensors, ready = _setup(rng)
+    controller.collectives.rank = 1
+    exchange.entry.runtime.timeline.ends = [late]
+    controller.check_prediction()
+    assert capsys.readouterr().out == ""

@@ -183,7 +183,7 @@ def test_replan_callback_checks_after_steps(after_steps):
         tfcomp.keras.Replan(after_steps=after_steps)
 
 
-@pytest.mark.parametrize("seconds", [0, -0.5, float("inf"), float("nan"), True, "0.5"])
-def test_replan_callback_checks_calibration_seconds_per_step(seconds):
-    with pytest.raises(ValueError, match="calibration_seconds_per_step must be finite seconds > 0 or None"):
-        tfcomp.keras.Replan(calibration_seconds_per_step=seconds)
+@pytest.mark.parametrize("threshold", [0, -0.5, float("inf"), float("nan"), True, "0.5"])
+def test_replan_callback_checks_threshold(threshold):
+    with pytest.raises(ValueError, match="threshold must be a finite fraction > 0"):
+        tfcomp.keras.Replan(threshold=threshold)

@@ -1,17 +1,30 @@
-"""Which plan an exchange runs in training: its first plan, deferred calibration, the trial's verdict, re-plans.
+"""Which plan an exchange runs in training: its first plan, calibration between steps, the trial's verdict, re-plans.
 
 A `tfcomp.GradientExchange` runs the plan it is given for each list of gradients; a `PlanController`,
 which the exchange is handed (or makes), decides that plan with a `tfcomp.planner.Planner`:
 
-  * the first plan of a list (`first_plan`): a fixed plan given to the exchange, or the planner's
-    (agreement, calibration, bucket search, digest check), and whether a plan installed now is
+  * the first plan of a list (`first_plan`): a fixed plan given to the exchange; for a compressor
+    that compresses, with planning="auto", no forced strategy and several workers, every gradient
+    sent dense (`tfcomp.planning.dense_plan`: Horovod's own step) and nothing measured, calibration
+    left pending; otherwise (a forced strategy, planning="off", FP16 or NoCompression) the
+    planner's plan, calibrated at once where it needs figures. A plan installed that compresses is
     tried in training (`trial_steps`, `tfcomp.trial`);
-  * calibration deferred to run between training steps (`defer_calibration`, `calibrate_step`);
+  * calibration between training steps, run only by a driver: `calibrate_step()` after each step
+    (`tfcomp.keras.Replan` calls it in `model.fit`; a custom loop calls `exchange.calibrate_step()`),
+    or `calibrate()`, all of it at once, where a job or a test wants calibrated figures now. The
+    driver's calls first pass a gate (`calibration_gate`): after `GATE_STEPS` dense steps, the part
+    of the exchange the backward pass does not hide is the most any compression could save; where
+    that is under the margin, nothing is ever calibrated and every gradient stays dense for the job.
+    Otherwise calibration runs a few pieces at a time within a budget of the steps' time;
   * re-plans with what training measured: the gradients' ready times (`replan`), the exchange's
     measured end against its prediction (`check_prediction`, `measured_plan`), and an all-dense plan
     installed again without the trial's branch or the flush of residuals it has sent (`settle`);
   * the trial's verdict over the job (`trial_dropped_compression`, `remember_trial_verdict`): once a
     trial found compressing slower than dense, later re-plans keep every bucket dense.
+
+Rank 0 shows its decisions with `tfcomp.report.show` (where a plain script sees them): the first
+plan, the gate's verdict, each plan installed (its table; a change costs one retrace of the training
+step), and, once a job, a measured exchange more than 2x from its prediction.
 
 The controller talks to its exchange through three members: `last_entry` (the plan run for the
 last list of gradients: `plan`, `tensors`, `signature`, `runtime`, or None), `install(plan,
@@ -22,21 +35,89 @@ method that measures or plans runs eagerly, on every rank of the process set at 
 
 from __future__ import annotations
 
-from dataclasses import replace
+import collections
+import time
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp import planning
+from tfcomp import planning, report
 
-__all__ = ["CALIBRATION_SECONDS_PER_STEP", "DEPARTURE_THRESHOLD", "REPLAN_MIN_GAIN", "PlanController"]
+__all__ = ["BUDGET_STEPS", "CALIBRATION_SHARE", "DEPARTURE_THRESHOLD", "GATE_STEPS", "GateVerdict", "MAX_SHARE",
+           "REPLAN_MIN_GAIN", "PlanController", "calibration_gate", "step_figures"]
 
 REPLAN_MIN_GAIN = 0.05  # a new plan replaces the running one only where predicted to save this fraction of the
 # running exchange's part after the backward pass: installing it costs a new trace of the training step and a new
 # trial (about a minute for the ViT on 4 workers sharing 2 cores)
 DEPARTURE_THRESHOLD = 0.25  # check_prediction re-plans where the measured exchange departs by more
-CALIBRATION_SECONDS_PER_STEP = 0.5  # what calibrate_step adds to a step, about (rank 0's clock)
+GATE_STEPS = 10  # dense steps the gate waits for: timed by the driver, and recorded by the exchange timeline
+BUDGET_STEPS = 50  # the window of steps whose time calibration may take a share of
+CALIBRATION_SHARE = 0.02  # that share, at least (the issue's bound); up to half the potential gain where larger
+MAX_SHARE = 0.5  # the share, at most
+_SHOWN_DEPARTURE = 2.0  # a measured exchange this many times above (or below) its prediction is shown, once a job
+
+# Where calibration stands: nothing to calibrate (fixed plan, forced strategy, planning off, one worker, or
+# calibrated at the start), waiting for the gate, pieces running, ruled out by the gate, done.
+_NONE, _WAITING, _RUNNING, _GATED, _DONE = "none", "waiting", "running", "gated", "done"
+
+
+def step_figures(step_seconds) -> tuple:
+    """(median, relative spread) of `step_seconds` (floats, >= 1 of them): the median, and the
+    interquartile range over the median (NumPy's default percentiles; 0 where the median is 0)."""
+    times = np.asarray(step_seconds, dtype=np.float64)
+    if times.size == 0:
+        raise ValueError("step_seconds must hold at least one step time")
+    median = float(np.median(times))
+    lower, upper = np.percentile(times, [25, 75])
+    return median, float(upper - lower) / median if median > 0.0 else 0.0
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """The gate's figures and verdict: `exposed_seconds` (E: the exchange's end after the last
+    gradient ready, the latest over the ranks), `step_seconds` (the median step, the largest over
+    the ranks), `spread` (the steps' interquartile range over their median, the largest), `margin`
+    (what compression must gain: max(COMPRESSION_MARGIN, 2 x spread)), `calibrates` (whether E is
+    at least margin x step) and `share` (the share of the steps' time calibration may take: 0 where
+    it does not calibrate)."""
+
+    exposed_seconds: float
+    step_seconds: float
+    spread: float
+    margin: float
+    calibrates: bool
+    share: float
+
+    @property
+    def potential_gain(self) -> float:
+        """E / step: the most any compression could shorten a step by, as a fraction of it."""
+        return self.exposed_seconds / self.step_seconds if self.step_seconds > 0.0 else 0.0
+
+    def describe(self) -> str:
+        """The verdict in words (what rank 0 shows)."""
+        measured = (f"tfcomp: the exchange ends {1e3 * self.exposed_seconds:.1f} ms after the backward pass, "
+                    f"{100.0 * self.potential_gain:.1f} % of a {1e3 * self.step_seconds:.1f} ms step")
+        if not self.calibrates:
+            return (f"{measured}: compression cannot gain the {100.0 * self.margin:.0f} % margin here; every gradient "
+                    "is sent dense")
+        return (f"{measured}: compression could gain more than the {100.0 * self.margin:.0f} % margin; calibrating "
+                f"between steps, with at most {100.0 * self.share:.1f} % of the time of the last {BUDGET_STEPS} steps")
+
+
+def calibration_gate(exposed_seconds: float, step_seconds: float, spread: float) -> GateVerdict:
+    """The gate before any calibration: where the exchange's exposed part E (`exposed_seconds`, the
+    most any compression could save a step) is under margin x `step_seconds`, margin =
+    max(`tfcomp.planning.COMPRESSION_MARGIN`, 2 x `spread`) (a noisier step needs a larger gain to
+    show), compression cannot pay: nothing is calibrated and every gradient stays dense. Otherwise
+    calibration may take a share of the steps' time: `CALIBRATION_SHARE` (2 %), or half the
+    potential gain G = E / step where that is larger (calibration then pays for itself twice over
+    where compression gains G), at most `MAX_SHARE`. Arguments: floats, seconds >= 0 and a fraction >= 0."""
+    margin = max(planning.COMPRESSION_MARGIN, 2.0 * spread)
+    calibrates = bool(step_seconds > 0.0 and exposed_seconds >= margin * step_seconds)
+    share = min(max(CALIBRATION_SHARE, 0.5 * exposed_seconds / step_seconds), MAX_SHARE) if calibrates else 0.0
+    return GateVerdict(float(exposed_seconds), float(step_seconds), float(spread), margin, calibrates, share)
 
 
 class PlanController:
@@ -44,18 +125,28 @@ class PlanController:
 
     Args:
       planner: the `tfcomp.planner.Planner` of the exchange's compressor and process set.
-      collectives: the exchange's collectives (`tfcomp.collectives`: `rank`, `size`, `allgather`).
+      collectives: the exchange's collectives (`tfcomp.collectives`: `rank`, `size`, `allgather`,
+        `broadcast`).
       fixed_plan: a `tfcomp.planning.Plan` to run for every list of gradients, never tried in
         training nor made again (None: the planner's plans).
+      clock: seconds of the driver's wall clock (default `time.perf_counter`; tests give their own).
     """
 
-    def __init__(self, planner, collectives, fixed_plan=None):
+    def __init__(self, planner, collectives, fixed_plan=None, clock=time.perf_counter):
         self.planner = planner
         self.collectives = collectives
         self.fixed_plan = fixed_plan
+        self.clock = clock
+        self.gate = None  # the GateVerdict, once the gate has decided
         self._exchange = None
         self._recalibrated = False  # whether check_prediction has calibrated again (at most once a job)
         self._compression_dropped = False  # whether a replaced plan's trial dropped it (remember_trial_verdict)
+        self._calibration = _NONE
+        self._step_seconds = []  # the driver's step times while waiting for the gate (this rank's clock)
+        self._last_call_end = None  # when the driver's last calibrate_step call ended
+        self._calibrating = collections.deque(maxlen=BUDGET_STEPS)  # calibration seconds of each call, agreed
+        self._calibrating_calls = 0  # calibrate_step calls since the gate let calibration run
+        self._departure_shown = False
 
     def bind(self, exchange) -> None:
         """Takes `exchange` as the one whose plans this controller decides (the exchange calls it
@@ -77,31 +168,48 @@ class PlanController:
         tried: a fixed plan, or one worker)."""
         return self.compressor.tried_steps if self.fixed_plan is None and self.collectives.size > 1 else 0
 
+    def _calibrates_between_steps(self, tensors) -> bool:
+        """Whether the first plan of `tensors` is sent dense while calibration waits for a driver:
+        a compressor that compresses, planning="auto", no forced strategy, several workers,
+        gradients to plan and no figures yet."""
+        compressor = self.compressor
+        return (compressor.collective.compresses and compressor.planning == "auto" and compressor.strategy is None
+                and self.collectives.size > 1 and bool(tensors) and self.planner.cluster is None)
+
     def first_plan(self, tensors, signature) -> planning.Plan:
-        """The plan of a list of gradients the exchange sees for the first time: the fixed plan, or
-        the planner's for `tensors` = [(position, name, elements)] in backprop order and their
-        `signature` (`tfcomp.planner.Planner.plan`; rank 0 logs it). Eagerly, on every rank at once."""
+        """The plan of a list of gradients the exchange sees for the first time: the fixed plan;
+        every gradient dense where calibration runs between steps (`_calibrates_between_steps`,
+        or the gate ruled it out; nothing measured, calibration pending until a driver runs it);
+        else the planner's for `tensors` = [(position, name, elements)] in backprop order and their
+        `signature` (`tfcomp.planner.Planner.plan`, calibrated at once where it needs figures).
+        Rank 0 shows it. Eagerly, on every rank at once."""
         if self.fixed_plan is not None:
             return self.fixed_plan
+        rank = self.collectives.rank
+        if self._calibration == _GATED or self._calibrates_between_steps(tensors):
+            with tf.init_scope():
+                plan = self.planner.dense_plan(tensors, signature)
+            if self._calibration == _NONE:
+                self._calibration = _WAITING
+                report.show("tfcomp: every gradient is sent dense, as Horovod sends it, until calibrated: "
+                            "tfcomp.keras.Replan() in model.fit calibrates between steps where compression could "
+                            "pay (in a custom loop, call exchange.calibrate_step() after each step)", rank)
+            return plan
         with tf.init_scope():
             plan = self.planner.plan(tensors, signature)
-        rank, size = self.collectives.rank, self.collectives.size
-        if rank == 0 and self.calibration_pending:
-            logging.info("tfcomp: calibration deferred to run between training steps; until it is done every gradient "
-                         "is sent dense")
-        elif rank == 0 and size > 1 and self.compressor.planning == "auto" and tensors:
-            logging.info("tfcomp: calibrated in %.1f s%s\n%s", self.calibration_seconds,
-                         "; the gradients' ready times from an earlier job" if self.ready_times_cached else "",
-                         plan.table())
+        if self.collectives.size > 1 and self.compressor.planning == "auto" and tensors:
+            report.show(f"tfcomp: calibrated in {self.calibration_seconds:.1f} s"
+                        + ("; the gradients' ready times from an earlier job" if self.ready_times_cached else "")
+                        + f"; the plan:\n{plan.table()}", rank)
         return plan
 
-    # -- deferred calibration ----------------------------------------------------------------------
+    # -- calibration between steps -----------------------------------------------------------------
 
     @property
     def calibration_seconds(self) -> float:
-        """Seconds calibration took in this job (the first plan's, and any `check_prediction`
+        """Seconds calibration took in this job (at once, between steps, and any `check_prediction`
         calibrated again): the network probes alone where the compression costs came from the
-        cache; 0 where there was none (one worker, planning off)."""
+        cache; 0 where there was none (one worker, planning off, the gate ruled it out)."""
         return self.planner.calibration_seconds
 
     @property
@@ -113,50 +221,120 @@ class PlanController:
 
     @property
     def calibration_pending(self) -> bool:
-        """Whether calibration deferred by `defer_calibration` has pieces left to run."""
-        return self.planner.calibration_pending
+        """Whether the exchange waits for calibration between steps: the gate still to decide, or
+        its pieces to run (False once done, once the gate ruled it out, and where there is none)."""
+        return self._calibration in (_WAITING, _RUNNING)
 
-    def defer_calibration(self) -> None:
-        """Calibrates between training steps instead of on the first: call it before the first step
-        (later it does nothing). The first plan then sends every gradient dense, as Horovod does,
-        and measures nothing, and each `calibrate_step()` call after a step runs the next pieces
-        of the calibration; when they are done the exchange is planned with its figures (and the
-        ready times measured meanwhile), and that plan replaces the dense one where it compresses.
-        `tfcomp.keras.Replan` does both. With one worker or planning="off" there is nothing to
-        calibrate."""
-        self.planner.defer_calibration()
+    def calibrate_step(self) -> bool:
+        """The driver's call after each training step, eagerly, on every rank at the same step
+        (`tfcomp.keras.Replan` calls it in `model.fit`; a custom loop after each step). Returns
+        whether the plan changed (then trace the training step again: Keras
+        `model.make_train_function(force=True)`, a custom loop a new `tf.function`). Nothing (False)
+        where no calibration is pending.
 
-    def calibrate_step(self, seconds: float = CALIBRATION_SECONDS_PER_STEP) -> bool:
-        """Runs pieces of the deferred calibration (`defer_calibration`) for about `seconds` (> 0;
-        rank 0's clock decides for every rank, and a piece once started runs to its end: a probe's
-        first call, or one round of timed calls), then, where that finished it, plans with the
-        figures measured and the gradients' ready times of the steps run meanwhile (the latest over
-        the ranks, cached for later jobs as `replan` caches them), and installs that plan where it
-        compresses (it is then tried in training, as a first plan is). Returns whether it did (trace
-        the training step again). Call it eagerly between training steps, on every rank at the
-        same step; False (nothing done) where nothing is pending."""
-        if not seconds > 0.0:
-            raise ValueError(f"seconds must be a time > 0 to calibrate for, got {seconds!r}")
+        While the first, all-dense plan runs it times the steps (the wall clock between its calls:
+        the step, less the time the call itself took) and, once `GATE_STEPS` of them are timed and
+        the exchange timeline holds as many steps, runs the gate (`calibration_gate`, one
+        allgather: the exchange's exposed part the latest over the ranks, the median step and its
+        spread the largest, so that every rank decides alike). Where the gate rules compression out,
+        every gradient stays dense for the job and nothing is ever calibrated. Otherwise each call
+        runs pieces of the calibration only while the calibration time of the last `BUDGET_STEPS`
+        calls is below the gate's share of those steps' time (the gate's median step each; rank 0's
+        clock decides for every rank, and a piece once started runs to its end, so a window may
+        hold one piece more than its share); once it is done the exchange is planned with its
+        figures and the ready times measured meanwhile (the latest over the ranks, cached for later
+        jobs as `replan` caches them), and that plan is installed where it compresses (and tried
+        in training)."""
+        started = self.clock()
         entry = self._last_entry()
-        if entry is None or not self.planner.calibration_pending:
+        if entry is None or not self.calibration_pending:
             return False
+        if self._last_call_end is not None and self._calibration == _WAITING:
+            self._step_seconds.append(started - self._last_call_end)
+        try:
+            if self._calibration == _WAITING:
+                self._run_gate(entry)
+                return False
+            return self._calibrate_within_budget(entry)
+        finally:
+            self._last_call_end = self.clock()
+
+    def calibrate(self) -> bool:
+        """Runs what calibration is pending all at once, now, without the gate or the budget (an
+        explicit choice: a job, benchmark or test that wants calibrated figures from its first
+        steps; it costs 7 to 30 s on 2 to 4 workers of this machine), then plans and installs as
+        `calibrate_step` does when calibration finishes. Call it eagerly, on every rank, after the
+        exchange's first call. Returns whether the plan changed (trace the step again); False where
+        nothing was pending (calibrated already, ruled out by the gate, or nothing to calibrate)."""
+        entry = self._last_entry()
+        if entry is None:
+            raise RuntimeError("tfcomp: calibrate() plans the gradients of the exchange's first call; call it after "
+                               "that call")
+        if not self.calibration_pending:
+            return False
+        if self._calibration == _WAITING:
+            self.planner.start_calibration(entry.tensors)
+            self._calibration = _RUNNING
         with tf.init_scope():
-            done = self.planner.calibrate_some(seconds)
-        if not done:
+            self.planner.calibrate_some(float("inf"))
+        return self._calibrated(entry)
+
+    def _run_gate(self, entry) -> None:
+        """The gate (see `calibrate_step`), once enough dense steps are timed and recorded."""
+        measured = entry.runtime.timeline.read()
+        if measured["steps"] < GATE_STEPS or len(self._step_seconds) < GATE_STEPS:
+            return
+        step, spread = step_figures(self._step_seconds)
+        values = list(measured["ready_seconds"]) + [max(measured["bucket_end_seconds"], default=0.0), step, spread]
+        with tf.init_scope():
+            gathered = self.collectives.allgather([tf.constant(values, tf.float64)])[0]
+        latest = np.max(np.reshape(gathered.numpy(), [self.collectives.size, -1]), axis=0)
+        ready = latest[:-3]
+        exposed = max(0.0, float(latest[-3]) - float(max(ready, default=0.0)))
+        self.gate = calibration_gate(exposed, float(latest[-2]), float(latest[-1]))
+        report.show(self.gate.describe(), self.collectives.rank)  # the running plan stays: an unpriced dense table
+        if not self.gate.calibrates:
+            self._calibration = _GATED
+            return
+        self.planner.start_calibration(entry.tensors)
+        self._calibration = _RUNNING
+
+    def _calibrate_within_budget(self, entry) -> bool:
+        """Runs pieces within the gate's budget (see `calibrate_step`); plans where they finished.
+        Every figure it decides from is agreed: the gate's median step, each call's calibration
+        seconds on rank 0's clock (one broadcast after a call that ran pieces)."""
+        self._calibrating_calls += 1
+        steps = min(self._calibrating_calls + GATE_STEPS, BUDGET_STEPS)  # in the window, the gate's steps counted
+        earlier = sum(list(self._calibrating)[-(BUDGET_STEPS - 1):])  # the window's calls before this one
+        allowed = self.gate.share * steps * self.gate.step_seconds - earlier
+        if allowed <= 0.0:
+            self._calibrating.append(0.0)
             return False
+        started = self.clock()
+        with tf.init_scope():
+            done = self.planner.calibrate_some(allowed)
+            spent = self.collectives.broadcast(tf.constant(self.clock() - started, tf.float64), 0,
+                                               "tfcomp_calibration_spent")
+        self._calibrating.append(float(spent.numpy()))
+        return self._calibrated(entry) if done else False
+
+    def _calibrated(self, entry) -> bool:
+        """Calibration just finished: plans `entry`'s gradients with its figures and the ready times
+        measured so far, installs that plan where it compresses (it replaces the dense stand-in
+        whatever it is predicted to gain, as a first plan would run) or lends the running plan its
+        figures; shows it on rank 0. Returns whether the plan changed."""
+        self._calibration = _DONE
         _, ready = self._ready_times_kept(entry)
         with tf.init_scope():
             plan = self.planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
-        # The dense plan run so far stood in for this one: a plan that compresses replaces it whatever
-        # it is predicted to gain (as a first plan would run), an all-dense one only lends its figures.
         changed = bool(plan.compressed)
         if changed:
             self._exchange.install(plan)
         else:
             self._exchange.reprice(plan.cluster, plan.ready)
-        if self.collectives.rank == 0:
-            logging.info("tfcomp: calibrated between steps in %.1f s; %s\n%s", self.calibration_seconds,
-                         "a new plan" if changed else "the plan stays", self._last_entry().plan.table())
+        report.show(f"tfcomp: calibrated in {self.calibration_seconds:.1f} s; "
+                    + ("a new plan (one retrace of the training step)" if changed else "every gradient stays dense")
+                    + f":\n{self._last_entry().plan.table()}", self.collectives.rank)
         return changed
 
     # -- the trial's verdict -----------------------------------------------------------------------
@@ -201,7 +379,8 @@ class PlanController:
         new `tf.function`); the new plan is tried in training like the first. Where a trial in this
         job dropped a plan, only the dense buckets are planned again: the trial measured that
         compressing loses here, which outweighs the model. False (nothing done) with
-        planning="off", a fixed plan or one worker. Residuals carry over; a bucket now sent dense
+        planning="off", a fixed plan or one worker, and without calibrated figures (calibration
+        pending, or ruled out by the gate: every gradient stays dense). Residuals carry over; a bucket now sent dense
         sends its residual first. The ready times are cached
         (`tfcomp.calibration.store_ready_times`) for the first plan of a later job of the same
         model on the same hosts."""
@@ -214,9 +393,10 @@ class PlanController:
             raise RuntimeError("tfcomp: replan() needs the ready times of at least one training step; call it after "
                                "training has run")
         changed = self._plan_again(entry, ready, min_gain)
-        if changed and self.collectives.rank == 0:
-            logging.info("tfcomp: re-planned with the gradients' ready times measured over %d steps\n%s",
-                         measured["steps"], self._last_entry().plan.table())
+        if changed:
+            report.show(f"tfcomp: re-planned with the gradients' ready times measured over {measured['steps']} steps "
+                        f"(one retrace of the training step):\n{self._last_entry().plan.table()}",
+                        self.collectives.rank)
         return changed
 
     def check_prediction(self, threshold: float = DEPARTURE_THRESHOLD):
@@ -237,10 +417,13 @@ class PlanController:
         the all-dense prediction, each new plan compressing and tried again: 176 s of training
         against plain Horovod's 133).
 
+        Where the measurement is more than 2x the prediction (or under half of it), rank 0 says so
+        once a job (`tfcomp.report`), with what was done about it.
+
         Call it eagerly, on every rank at the same step (`tfcomp.keras.Replan` does). Returns None
-        where there is nothing to check yet (no plan made by the planner, one worker, a deferred
-        calibration still running, the plan's trial undecided or the timeline's window not yet
-        full since the plan was installed), else
+        where there is nothing to check yet (no plan made by the planner, one worker, no calibrated
+        figures (calibration pending, or ruled out by the gate), the plan's trial undecided or the
+        timeline's window not yet full since the plan was installed), else
         {"predicted_seconds", "measured_seconds", "departure" (measured / predicted - 1),
         "replanned" (whether the figures were fitted again), "changed" (whether the plan's buckets
         did, or its all-dense plan was installed again without a flush of residuals it has sent
@@ -249,7 +432,7 @@ class PlanController:
         if not threshold > 0.0:
             raise ValueError(f"threshold must be a fraction > 0 of the predicted exchange time, got {threshold!r}")
         entry = self._replannable()
-        if entry is None or self.calibration_pending:
+        if entry is None:
             return None
         timeline, trial = entry.runtime.timeline, entry.runtime.trial
         # The window's steps must all run what the check prices: after the trial's decision.
@@ -265,6 +448,9 @@ class PlanController:
                   "recalibrated": False}
         if abs(departure) <= threshold or self.trial_dropped_compression:
             result["changed"] = self._settle(entry, running)
+            if abs(departure) > threshold:
+                self._show_departure(predicted, measured, "the trial measured compressing slower than dense here, so "
+                                     "every gradient stays dense and nothing is re-planned")
             return result
 
         def fitted(cluster):  # the fit prices every slowdown it tries itself: the cluster's own is not used
@@ -282,13 +468,29 @@ class PlanController:
             result["recalibrated"] = self._recalibrated = True
         self.planner.cluster = cluster
         result.update(replanned=True, changed=self._plan_again(entry, ready), overlap_slowdown=cluster.overlap_slowdown)
-        if self.collectives.rank == 0:
+        action = (f"re-planned with transfers {cluster.overlap_slowdown:.2f}x slower beside the backward pass"
+                  + (" and the cluster calibrated again" if result["recalibrated"] else "") + ": "
+                  + ("a new plan (one retrace of the training step)" if result["changed"] else "the plan stays"))
+        self._show_departure(predicted, measured, action)
+        if result["changed"]:
+            report.show(f"tfcomp: the exchange ended {1e3 * measured:.1f} ms after the first gradient where "
+                        f"{1e3 * predicted:.1f} ms were predicted ({100.0 * departure:+.0f} %); {action}:\n"
+                        f"{self._last_entry().plan.table()}", self.collectives.rank)
+        elif self.collectives.rank == 0:
             logging.info("tfcomp: the exchange ended %.1f ms after the first gradient where %.1f ms were predicted "
-                         "(%+.0f %%); re-planned with transfers %.2fx slower beside the backward pass%s: %s",
-                         1e3 * measured, 1e3 * predicted, 100.0 * departure, cluster.overlap_slowdown,
-                         " and the cluster calibrated again" if result["recalibrated"] else "",
-                         "a new plan\n" + self._last_entry().plan.table() if result["changed"] else "the plan stays")
+                         "(%+.0f %%); %s", 1e3 * measured, 1e3 * predicted, 100.0 * departure, action)
         return result
+
+    def _show_departure(self, predicted: float, measured: float, action: str) -> None:
+        """Says on rank 0, once a job, that the measured exchange (`measured` seconds) is more than
+        `_SHOWN_DEPARTURE` times its prediction (`predicted`) or under its share of it, and `action`."""
+        if self._departure_shown or not predicted > 0.0:
+            return
+        if 1.0 / _SHOWN_DEPARTURE <= measured / predicted <= _SHOWN_DEPARTURE:
+            return
+        self._departure_shown = True
+        report.show(f"tfcomp: predicted {1e3 * predicted:.1f} ms for the exchange, measured {1e3 * measured:.1f} ms "
+                    f"({measured / predicted:.2f}x the prediction; said once a job): {action}", self.collectives.rank)
 
     def measured_plan(self):
         """(plan, seconds): the plan run for the last list of gradients (all dense where its trial
@@ -341,10 +543,11 @@ class PlanController:
 
     def _replannable(self):
         """The plan entry of the last list of gradients where the planner made it and may remake
-        it (planning="auto", no fixed plan, several workers, gradients to plan); else None."""
+        it (planning="auto", no fixed plan, several workers, gradients to plan, calibrated figures:
+        no calibration pending nor ruled out by the gate); else None."""
         entry = self._last_entry()
         if (entry is None or self.fixed_plan is not None or self.compressor.planning != "auto"
-                or self.collectives.size < 2 or not entry.tensors):
+                or self.collectives.size < 2 or not entry.tensors or self._calibration not in (_NONE, _DONE)):
             return None
         return entry
 
@@ -399,4 +602,6 @@ class PlanController:
         if settled:
             return False
         self._exchange.install(running, residuals_sent=True)
+        report.show("tfcomp: every gradient is sent dense from now on, as Horovod sends it, without the trial's branch "
+                    "or the flush of residuals it has sent (one retrace of the training step)", self.collectives.rank)
         return True

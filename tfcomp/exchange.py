@@ -10,10 +10,11 @@ The exchange keeps Horovod's calling protocol and owns three things, each in its
   * its state (`tfcomp.memory.ExchangeState`: residuals and step counter), created with the
     exchange, outside any traced function, and tracked so that checkpoints carry it;
   * a plan per list of gradients, decided by the `tfcomp.controller.PlanController` it is handed
-    (its first plan by the `tfcomp.planner.Planner`: agreement across ranks, calibration, bucket
-    search, digest check), made once, eagerly, the first time the list is seen (printed on rank 0),
-    and reused by every later call and every retrace until the controller installs another
-    (deferred calibration, re-plans, the trial's verdict: `exchange.controller`);
+    (its first plan by the `tfcomp.planner.Planner`: agreement across ranks, all dense until
+    calibrated between steps or calibration at once, bucket search, digest check), made once,
+    eagerly, the first time the list is seen (shown on rank 0), and reused by every later call and
+    every retrace until the controller installs another (calibration between steps, re-plans, the
+    trial's verdict: `exchange.controller`);
   * the step graph (`tfcomp.step.StepGraph`) that runs a plan: inline when called inside a
     `tf.function`, as a `tf.function` of its own when called eagerly.
 
@@ -35,7 +36,7 @@ from absl import logging
 from tfcomp import calibration
 from tfcomp.collectives import HorovodCollectives
 from tfcomp.compressors import FP16, Compressor
-from tfcomp.controller import CALIBRATION_SECONDS_PER_STEP, DEPARTURE_THRESHOLD, REPLAN_MIN_GAIN, PlanController
+from tfcomp.controller import DEPARTURE_THRESHOLD, REPLAN_MIN_GAIN, PlanController
 from tfcomp.counters import ExchangeCounters
 from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
@@ -190,9 +191,13 @@ class GradientExchange(tf.Module):
         this compressor (default: one with a `tfcomp.planner.Planner` of this exchange's settings,
         these collectives and `plan`; give either `plan` or `controller`, not both).
 
-    The controller's `defer_calibration`, `calibrate_step`, `calibration_pending`,
-    `calibration_seconds`, `ready_times_cached`, `replan`, `check_prediction`, `measured_plan` and
-    `settle` are the exchange's too (one-line delegations: `exchange.controller.X` is the same).
+    The controller's `calibrate_step`, `calibrate`, `calibration_pending`, `calibration_seconds`,
+    `ready_times_cached`, `replan`, `check_prediction`, `measured_plan` and `settle` are the
+    exchange's too (one-line delegations: `exchange.controller.X` is the same). With planning="auto",
+    no forced strategy and several workers, the first plan sends every gradient dense, as Horovod
+    does, and calibration runs only where a driver runs it: `tfcomp.keras.Replan()` in `model.fit`,
+    or `calibrate_step()` after each step of a custom loop (which also needs `settle()` after each
+    step to drop a dropped plan's branch; see `tfcomp.keras.Replan`), or `calibrate()` at once.
     """
 
     def __init__(self, compressor: Compressor, *, op=hvd.Average, gradient_predivide_factor: float = 1.0,
@@ -263,13 +268,13 @@ class GradientExchange(tf.Module):
         """`PlanController.calibration_pending`."""
         return self.controller.calibration_pending
 
-    def defer_calibration(self) -> None:
-        """`PlanController.defer_calibration`: calibrates between training steps instead of on the first."""
-        self.controller.defer_calibration()
+    def calibrate_step(self) -> bool:
+        """`PlanController.calibrate_step`: the driver's call after each step (the gate, then calibration)."""
+        return self.controller.calibrate_step()
 
-    def calibrate_step(self, seconds: float = CALIBRATION_SECONDS_PER_STEP) -> bool:
-        """`PlanController.calibrate_step`: runs pieces of a deferred calibration after a step."""
-        return self.controller.calibrate_step(seconds)
+    def calibrate(self) -> bool:
+        """`PlanController.calibrate`: what calibration is pending, run at once, without the gate or the budget."""
+        return self.controller.calibrate()
 
     def replan(self, min_gain: float = REPLAN_MIN_GAIN) -> bool:
         """`PlanController.replan`: the plan made again with the gradients' measured ready times."""
@@ -284,7 +289,7 @@ class GradientExchange(tf.Module):
         return self.controller.measured_plan()
 
     def settle(self) -> bool:
-        """`PlanController.settle`: an all-dense plan installed again without a flush it has sent."""
+        """`PlanController.settle`: a dropped or all-dense plan installed again without a trial or flush."""
         return self.controller.settle()
 
     # -- the Keras optimizer served (part of Horovod's Keras protocol) ------------------------------

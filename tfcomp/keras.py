@@ -5,14 +5,18 @@
                               tf.keras.callbacks.CSVLogger("train.csv"),
                               tf.keras.callbacks.TensorBoard("logs")])
 
-`Replan(after_steps=30)` has the exchange calibrate between training steps, about half a second
-after each (`GradientExchange.defer_calibration`: the first steps send everything dense, as Horovod
-does, and the first step waits for no calibration), then plan with those figures; 30 steps later
-it makes the exchange's plan again, with when each gradient became ready in those steps
-(`GradientExchange.replan`), so that dense buckets are priced with their overlap of the backward
-pass, then every 20 steps compares the exchange's measured end with the prediction and re-plans
-where they part by more than 25 % (`GradientExchange.check_prediction`), and has Keras trace the
-training step again wherever the plan changed.
+`Replan(after_steps=30)` drives the exchange's calibration between training steps
+(`GradientExchange.calibrate_step` after each: the first steps send everything dense, as Horovod
+does, and no step waits for a calibration; after 10 steps a gate decides whether compression could
+pay at all, and only then does calibration run, within a small share of the steps' time), then
+plans with those figures; 30 steps later it makes the exchange's plan again, with when each
+gradient became ready in those steps (`GradientExchange.replan`), so that dense buckets are priced
+with their overlap of the backward pass, then every 20 steps compares the exchange's measured end
+with the prediction and re-plans where they part by more than 25 %
+(`GradientExchange.check_prediction`); once a plan's trial has dropped it, it installs the all-dense
+plan without the trial's branch (`GradientExchange.settle`); and it has Keras trace the training
+step again wherever the plan changed. Without it (or a custom loop's calls) every gradient of a
+plan the planner chooses stays dense.
 
 `CompressionMonitor` adds, at the end of every epoch, these entries to the epoch's `logs` (so the
 progress bar, and the callbacks after it in the list, such as `CSVLogger` and `TensorBoard`, show
@@ -45,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfcomp.controller import CALIBRATION_SECONDS_PER_STEP, DEPARTURE_THRESHOLD
+from tfcomp.controller import DEPARTURE_THRESHOLD
 from tfcomp.horovod_glue import exchange_of
 
 __all__ = ["CompressionMonitor", "Replan"]
@@ -135,23 +139,29 @@ class Replan(tf.keras.callbacks.Callback):
     the same step (steps counted over every `fit` call), and rebuilds Keras's training function
     wherever the plan changed so that the next step runs it:
 
-      * where `calibration_seconds_per_step` is set and the exchange has not planned yet (the
-        callback's first `fit`), calibration runs between the training steps, about that long after
-        each (`GradientExchange.defer_calibration` and `calibrate_step`), the first plan sending
-        everything dense meanwhile; once it is done, the exchange is planned with its figures;
-      * once, `after_steps` steps after that, with the gradients' ready times measured in them
+      * after each step while calibration is pending (planning="auto", no forced strategy, several
+        workers: the first plan sends every gradient dense), `GradientExchange.calibrate_step`:
+        the gate after 10 steps (where compression cannot gain its margin, every gradient stays
+        dense and nothing is calibrated), then calibration within a share of the steps' time (2 %,
+        or half the potential gain the gate measured), and the exchange planned with its figures;
+      * once, `after_steps` steps after that (after the first step where calibration ran at the
+        start or is not needed), with the gradients' ready times measured in them
         (`GradientExchange.replan`), so that dense buckets are priced with their overlap of the
         backward pass;
       * then every `check_every` steps, where the exchange's measured end departs from the
         prediction by more than `threshold` (`GradientExchange.check_prediction`: the overlap
         slowdown fitted, or the cluster calibrated again), at most `max_replans` times;
-      * one step after each change, where the new plan sends everything dense and has flushed its
-        residuals, that plan without the flush (`GradientExchange.settle`).
+      * after every step while the running plan's trial may still drop it, and one step after each
+        change, `GradientExchange.settle`: as soon as a trial has dropped its plan and the residuals
+        are sent (or a new all-dense plan has flushed them), the all-dense plan is installed without
+        the trial's branch or the flush, so the step is traced once more and runs Horovod's step.
+        A custom loop does the same with `exchange.calibrate_step()` and `exchange.settle()` after
+        each step, tracing its step function again wherever either returns True.
 
-    `calibrated_at`: the step (counted from 1) after which the deferred calibration finished (None:
-    none finished); `replanned`: None until `after_steps`, then whether that re-plan changed the
-    plan; `checks`: each `check_prediction` result that was not None, in order. Does nothing for an optimizer that
-    runs no tfcomp exchange.
+    `calibrated_at`: the step (counted from 1) after which calibration between steps finished or
+    the gate ruled it out (None: not yet, or none pending); `replanned`: None until `after_steps`,
+    then whether that re-plan changed the plan; `checks`: each `check_prediction` result that was
+    not None, in order. Does nothing for an optimizer that runs no tfcomp exchange.
 
     Args:
       after_steps: training steps to measure first (>= 1; default 30: past the first plan's trial
@@ -159,16 +169,11 @@ class Replan(tf.keras.callbacks.Callback):
       check_every: steps between checks of the prediction (>= 1), or None: no checks.
       threshold: the departure (a fraction of the prediction, > 0) that re-plans.
       max_replans: at most this many re-plans by the checks (>= 0).
-      calibration_seconds_per_step: about how long (seconds > 0, rank 0's clock) the deferred
-        calibration runs after each step; None: the exchange calibrates all at once on its first step.
     """
 
     def __init__(self, after_steps: int = 30, check_every=20, threshold: float = DEPARTURE_THRESHOLD,
-                 max_replans: int = 3, calibration_seconds_per_step=CALIBRATION_SECONDS_PER_STEP):
+                 max_replans: int = 3):
         super().__init__()
-        if calibration_seconds_per_step is not None and not _finite_above_zero(calibration_seconds_per_step):
-            raise ValueError(f"calibration_seconds_per_step must be finite seconds > 0 or None, got "
-                             f"{calibration_seconds_per_step!r}")
         for name, value, least in (("after_steps", after_steps, 1), ("max_replans", max_replans, 0)) + (
                 (("check_every", check_every, 1),) if check_every is not None else ()):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -179,13 +184,13 @@ class Replan(tf.keras.callbacks.Callback):
         self.check_every = check_every
         self.threshold = float(threshold)
         self.max_replans = max_replans
-        self.calibration_seconds_per_step = calibration_seconds_per_step
         self.calibrated_at = None
         self.replanned = None
         self.checks = []
-        self._steps = 0  # steps since the deferred calibration finished (all steps where none ran)
+        self._steps = 0  # steps since calibration between steps ended (all steps where none was pending)
+        self._steps_run = 0
         self._settle_due = False  # the plan changed a step ago
-        self._calibrating_steps = 0
+        self._trial_kept = None  # the trial that kept its plan (nothing more to settle for it)
 
     def _exchange(self):
         try:
@@ -193,30 +198,28 @@ class Replan(tf.keras.callbacks.Callback):
         except TypeError:
             return None
 
-    def on_train_begin(self, logs=None):
-        exchange = self._exchange()
-        if exchange is not None and self.calibration_seconds_per_step is not None and exchange.plan is None:
-            exchange.defer_calibration()
+    def _retrace(self) -> None:
+        self.model.make_train_function(force=True)
 
     def on_train_batch_end(self, batch, logs=None):
         exchange = self._exchange()
-        if self._settle_due and exchange is not None and exchange.settle():
-            self.model.make_train_function(force=True)
-        self._settle_due = False
-        if exchange is not None and exchange.calibration_pending:
-            self._calibrating_steps += 1
-            changed = exchange.calibrate_step(self.calibration_seconds_per_step)
+        if exchange is None:
+            return
+        self._steps_run += 1
+        self._settle(exchange)
+        if exchange.calibration_pending:
+            changed = exchange.calibrate_step()
             if not exchange.calibration_pending:
-                self.calibrated_at = self._calibrating_steps
+                self.calibrated_at = self._steps_run
             if changed:
-                self.model.make_train_function(force=True)
+                self._retrace()
             self._settle_due = changed
             return
         self._steps += 1
         since = self._steps - self.after_steps
         checking = (self.check_every is not None and since > 0 and since % self.check_every == 0
                     and sum(c["replanned"] for c in self.checks) < self.max_replans)
-        if since != 0 and not checking or exchange is None:
+        if since != 0 and not checking:
             return
         if since == 0:
             self.replanned = changed = exchange.replan()
@@ -227,5 +230,18 @@ class Replan(tf.keras.callbacks.Callback):
             self.checks.append(result)
             changed = result["changed"]
         if changed:
-            self.model.make_train_function(force=True)
+            self._retrace()
         self._settle_due = changed
+
+    def _settle(self, exchange) -> None:
+        """`GradientExchange.settle` one step after a change, and after every step while the running
+        plan's trial has not kept it (cheap: a few variable reads); retraces where it settled."""
+        trial = exchange.trial
+        watching = trial is not None and trial is not self._trial_kept
+        if (self._settle_due or watching) and exchange.settle():
+            self._retrace()
+        elif watching:
+            result = trial.read()
+            if result["decided"] and result["compressed"]:
+                self._trial_kept = trial
+        self._settle_due = False

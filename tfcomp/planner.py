@@ -10,10 +10,13 @@ point (the exchange calls it the first time it sees a list of gradients), and re
      any calibration or exchange collective that could wait forever for a rank doing otherwise;
   2. calibration (`tfcomp.calibration`, cached; stopped early where even compression's least
      costs cannot make it pay: `tfcomp.planning.compression_could_pay`) and the bucket search
-     (`tfcomp.planning`), or one bucket per tensor with planning="off". Where calibration is deferred (`defer_calibration`),
-     the first plan sends everything dense and measures nothing; `calibrate_some` then runs the
-     calibration a few pieces at a time between training steps, and later plans use its figures;
+     (`tfcomp.planning`), or one bucket per tensor with planning="off";
   3. the plan's digest compared across ranks (`PlanMismatchError` on every rank if any differs).
+
+`Planner.dense_plan(tensors, signature)` makes the all-dense plan (1 and 3, nothing measured) that an
+exchange runs while its calibration waits to run between training steps: `start_calibration`
+readies that calibration, `calibrate_some` runs it a few pieces at a time, and later plans use its
+figures (`tfcomp.controller.PlanController` decides when).
 """
 
 from __future__ import annotations
@@ -55,21 +58,25 @@ class Planner:
         self.cluster = None
         self.calibration_seconds = 0.0  # how long calibration took, all of it in this job (0: none)
         self.ready_cached = False  # whether the first plan took the gradients' ready times from the cache
-        self.deferred = False  # whether the first plan leaves calibration to run between training steps
-        self._pieces = None  # that calibration, while it runs (a calibration.calibration_pieces generator)
-
-    def defer_calibration(self) -> None:
-        """Has the first plan send everything dense without calibrating; `calibrate_some` then
-        calibrates between training steps. Nothing where a plan was made already."""
-        self.deferred = True
+        self._pieces = None  # calibration between steps, while it runs (a calibration.calibration_pieces generator)
 
     @property
     def calibration_pending(self) -> bool:
-        """Whether a deferred calibration has pieces left to run."""
+        """Whether a calibration started by `start_calibration` has pieces left to run."""
         return self._pieces is not None
 
+    def start_calibration(self, tensors) -> None:
+        """Readies the calibration for `tensors` = [(position, name, elements)] in backprop order
+        (as `plan` would calibrate) to run a few pieces at a time (`calibrate_some`). Nothing runs
+        yet; nothing where it is started already."""
+        if self._pieces is None:
+            self._pieces = calibration.calibration_pieces(self.compressor, self.process_set,
+                                                          max_elements=sum(n for _, _, n in tensors),
+                                                          tensor_elements=[n for _, _, n in tensors],
+                                                          could_pay=self._could_pay(tensors))
+
     def calibrate_some(self, seconds: float) -> bool:
-        """Runs pieces of the deferred calibration (eagerly, on every rank at the same point: each
+        """Runs pieces of the calibration `start_calibration` readied (eagerly, on every rank at the same point: each
         runs collectives) until rank 0 has spent `seconds` in this call (rank 0 decides for every
         rank after each piece: one broadcast) or it is done. Returns True once it is done (its
         figures in `cluster`; True also where nothing is pending)."""
@@ -89,7 +96,7 @@ class Planner:
             self.calibration_seconds += time.perf_counter() - start
 
     def _finish_calibration(self) -> None:
-        """Runs what is left of a deferred calibration at once."""
+        """Runs what is left of a calibration between steps at once."""
         self.calibrate_some(float("inf"))
 
     def plan(self, tensors, signature, ready_seconds=None) -> planning.Plan:
@@ -98,20 +105,14 @@ class Planner:
         gradient of the exchange's list, in its order. `ready_seconds`: when each of `tensors` is
         ready (`tfcomp.planning.make_plan`), the same on every rank; None: those an earlier job of
         the same model measured on these hosts (`calibration.cached_ready_times`) for the first
-        plan, else all after the backward pass. A deferred calibration still pending is finished
-        first, at once."""
+        plan, else all after the backward pass. A calibration between steps still pending is
+        finished first, at once."""
         workers = self.process_set.size()
         if workers > 1:
             self._check_agreement(signature)
         self._finish_calibration()
         if self.compressor.planning == "off" or not tensors:
             plan = planning.per_tensor_plan(tensors, self.compressor, ClusterModel.unpriced(workers))
-        elif self.cluster is None and self.deferred and workers > 1:
-            self._pieces = calibration.calibration_pieces(self.compressor, self.process_set,
-                                                          max_elements=sum(n for _, _, n in tensors),
-                                                          tensor_elements=[n for _, _, n in tensors],
-                                                          could_pay=self._could_pay(tensors))
-            plan = planning.dense_plan(tensors, self.compressor, ClusterModel.unpriced(workers))
         else:
             if self.cluster is None:
                 self.recalibrate(tensors)
@@ -119,6 +120,18 @@ class Planner:
                     ready_seconds = calibration.cached_ready_times(self.process_set, [n for _, _, n in tensors])
                     self.ready_cached = ready_seconds is not None
             plan = planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds)
+        if workers > 1:
+            self._check_plan(plan)
+        return plan
+
+    def dense_plan(self, tensors, signature) -> planning.Plan:
+        """Every one of `tensors` sent dense (`tfcomp.planning.dense_plan`, unpriced figures), after
+        the ranks' agreement on `signature`, its digest checked across ranks (as `plan`); nothing
+        measured. Eagerly, on every rank at the same point."""
+        workers = self.process_set.size()
+        if workers > 1:
+            self._check_agreement(signature)
+        plan = planning.dense_plan(tensors, self.compressor, ClusterModel.unpriced(workers))
         if workers > 1:
             self._check_plan(plan)
         return plan

@@ -10,10 +10,14 @@ other half (A B B A: a drift of the machine's speed that is linear over the tria
 arms alike; under a drift of 1 % a step, one arm after the other gives dense's median 12 % more,
 three blocks 0.2 %). Each block's first step is left out (a first run of its graph; the dense
 block's first step also sends the residuals left by the plan's block). At the next step the
-trial takes the median of each arm over all ranks (one allreduce of two float64). The plan is
-kept only where its median step is at least `margin` (2 %) shorter than dense's; otherwise every
-later step sends everything dense. Every rank reaches the same choice (the allreduced medians are
-the same bits on every rank). Three blocks, not steps alternating: each switch from the plan to
+trial takes each arm's median and quartiles, each averaged over the ranks (one allreduce of six
+float64). The plan is kept only beyond the noise the trial measured: where its median step is
+shorter than dense's by more than `margin` of dense's (`tfcomp.planning.COMPRESSION_MARGIN`, 5 %)
+AND the plan arm's upper quartile lies below the dense arm's lower quartile (the arms' middle
+halves do not overlap); otherwise every later step sends everything dense. The quartiles are
+NumPy's default percentiles (linear interpolation between the sorted steps). Every rank reaches the
+same choice (the allreduced figures are the same bits on every rank), and rank 0 shows the verdict,
+saying which test decided (`tfcomp.report`). Three blocks, not steps alternating: each switch from the plan to
 dense sends what error feedback kept at once, and an Adam-corrected ViT whose trial alternated
 pairs of steps (ten such flushes) was 21 to 24 points less accurate at steps 50 and 100
 (research/notebook.md); here a dropped plan flushes twice, each time about half the residual steps that
@@ -26,14 +30,16 @@ trackable object), so a restored job tries its plan again on its own network.
 
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
-from absl import logging
 
+from tfcomp import report
 from tfcomp.counters import stamp
+from tfcomp.planning import COMPRESSION_MARGIN
 
-__all__ = ["PlanTrial", "TRIAL_MARGIN", "trial_schedule"]
+__all__ = ["PlanTrial", "trial_schedule", "verdict"]
 
-TRIAL_MARGIN = 0.02  # the plan's median step must be this much shorter than dense's to be kept
 _UNDECIDED, _DENSE, _COMPRESSED = -1, 0, 1
 _PLAN_ARM, _DENSE_ARM = 0, 1  # rows of PlanTrial.seconds
 
@@ -53,15 +59,16 @@ def trial_schedule(steps: int) -> tuple:
 
 
 class PlanTrial:
-    """The trial of one plan: `steps` timed steps per arm (>= 1); `clock` gives the time (a
-    float64 scalar tensor of seconds; default `tfcomp.counters.stamp`, which waits for nothing).
-    Create it eagerly.
+    """The trial of one plan: `steps` timed steps per arm (>= 1); `margin` the fraction of dense's
+    median step the plan's must beat (default `tfcomp.planning.COMPRESSION_MARGIN`); `clock` gives
+    the time (a float64 scalar tensor of seconds; default `tfcomp.counters.stamp`, which waits for
+    nothing). Create it eagerly.
 
     `sends_compressed(collectives)` (inside the step) is the bool scalar that picks this step's
     branch: it records the last step's time, decides once both arms are timed, and counts the step.
     """
 
-    def __init__(self, steps: int, margin: float = TRIAL_MARGIN, clock=stamp):
+    def __init__(self, steps: int, margin: float = COMPRESSION_MARGIN, clock=stamp):
         self.schedule = trial_schedule(steps)
         self.steps, self.margin, self.clock = int(steps), float(margin), clock
         with tf.init_scope():
@@ -71,7 +78,8 @@ class PlanTrial:
             self.seconds = tf.Variable(tf.zeros([2, self.steps], tf.float64), trainable=False,
                                        name="tfcomp_trial_seconds")
             self.choice = tf.Variable(_UNDECIDED, dtype=tf.int32, trainable=False, name="tfcomp_trial_choice")
-            self.medians = tf.Variable(tf.zeros([2], tf.float64), trainable=False, name="tfcomp_trial_medians")
+            # Rows median, lower quartile, upper quartile; columns the plan's arm, dense's (averaged over the ranks).
+            self.figures = tf.Variable(tf.zeros([3, 2], tf.float64), trainable=False, name="tfcomp_trial_figures")
 
     @property
     def decision_step(self) -> int:
@@ -104,32 +112,66 @@ class PlanTrial:
             return tf.constant(True)
 
     def _decide(self, collectives) -> tf.Tensor:
-        """Sets `choice` from both arms' medians averaged over the ranks (one allreduce); returns
-        whether the plan is kept."""
+        """Sets `choice` from both arms' medians and quartiles averaged over the ranks (one
+        allreduce); returns whether the plan is kept."""
         ordered = tf.sort(self.seconds, axis=1)
-        medians = (ordered[:, (self.steps - 1) // 2] + ordered[:, self.steps // 2]) / 2.0
-        total, = collectives.allreduce_sum([medians])
-        medians = total / float(collectives.size)
-        keep = medians[0] < (1.0 - self.margin) * medians[1]
-        assigned = [self.medians.assign(medians), self.choice.assign(tf.where(keep, _COMPRESSED, _DENSE))]
+        quantiles = tf.stack([_quantile(ordered, self.steps, q) for q in (0.5, 0.25, 0.75)])  # [3, 2]
+        total, = collectives.allreduce_sum([quantiles])
+        figures = total / float(collectives.size)
+        keep = ((figures[0, 0] < (1.0 - self.margin) * figures[0, 1])  # the medians, by more than the margin
+                & (figures[2, 0] < figures[1, 1]))  # the plan's upper quartile below dense's lower one
+        assigned = [self.figures.assign(figures), self.choice.assign(tf.where(keep, _COMPRESSED, _DENSE))]
         if collectives.rank == 0:
-            assigned.append(tf.py_function(_log_choice, [medians, keep], Tout=tf.bool))
+            assigned.append(tf.py_function(functools.partial(_show_verdict, self.margin), [figures], Tout=tf.bool))
         with tf.control_dependencies(assigned):
             return tf.identity(keep)
 
     def read(self) -> dict:
         """{"decided": bool, "compressed": bool (the plan kept; True until decided),
-        "compressed_ms": float, "dense_ms": float (the arms' median steps over the ranks; 0 until
+        "compressed_ms", "dense_ms": float (the arms' median steps, each averaged over the ranks),
+        "compressed_quartiles_ms", "dense_quartiles_ms": (lower, upper) floats (the arms' quartiles,
+        likewise), all 0 until decided, and "verdict": str (`verdict`: which test decided; "" until
         decided)}."""
         choice = int(self.choice.numpy())
-        compressed_ms, dense_ms = (1e3 * float(s) for s in self.medians.numpy())
-        return {"decided": choice != _UNDECIDED, "compressed": choice != _DENSE,
-                "compressed_ms": compressed_ms, "dense_ms": dense_ms}
+        figures = self.figures.numpy()
+        result = {"decided": choice != _UNDECIDED, "compressed": choice != _DENSE,
+                  "compressed_ms": 1e3 * float(figures[0, 0]), "dense_ms": 1e3 * float(figures[0, 1]),
+                  "compressed_quartiles_ms": (1e3 * float(figures[1, 0]), 1e3 * float(figures[2, 0])),
+                  "dense_quartiles_ms": (1e3 * float(figures[1, 1]), 1e3 * float(figures[2, 1]))}
+        result["verdict"] = verdict(figures, self.margin) if result["decided"] else ""
+        return result
 
 
-def _log_choice(medians, keep):
-    compressed_ms, dense_ms = (1e3 * float(s) for s in medians.numpy())
-    verdict = "the plan is kept" if bool(keep.numpy()) else "every bucket is sent dense from now on"
-    logging.info("tfcomp: plan tried in training: median step %.1f ms with the plan, %.1f ms dense: %s",
-                 compressed_ms, dense_ms, verdict)
-    return keep
+def _quantile(ordered, steps: int, q: float) -> tf.Tensor:
+    """float64 [2]: each row's `q` quantile of `ordered` (rows sorted, `steps` columns), interpolated
+    linearly between the two closest ranks as NumPy's default percentile is."""
+    position = q * (steps - 1)
+    below = int(position)
+    above = min(below + 1, steps - 1)
+    fraction = position - below
+    return ordered[:, below] * (1.0 - fraction) + ordered[:, above] * fraction
+
+
+def verdict(figures, margin: float = COMPRESSION_MARGIN) -> str:
+    """The trial's verdict in words, saying which test decided, from `figures` (float64 [3, 2]
+    seconds: rows median, lower quartile, upper quartile; columns the plan's arm, dense's) and the
+    `margin` (a fraction of dense's median step)."""
+    (plan_median, dense_median), (_, dense_lower), (plan_upper, _) = [[float(v) for v in row] for row in figures]
+    gain = 1.0 - plan_median / dense_median if dense_median > 0.0 else 0.0
+    measured = (f"tfcomp: plan tried in training: median step {1e3 * plan_median:.1f} ms with the plan, "
+                f"{1e3 * dense_median:.1f} ms dense ({100.0 * gain:.1f} % shorter)")
+    if not gain > margin:
+        return (f"{measured}: not more than the {100.0 * margin:.0f} % margin; every bucket is sent dense from now "
+                "on")
+    if not plan_upper < dense_lower:
+        return (f"{measured}, but the plan's upper quartile {1e3 * plan_upper:.1f} ms is not below dense's lower "
+                f"quartile {1e3 * dense_lower:.1f} ms: the gain is within the noise this trial measured; every "
+                "bucket is sent dense from now on")
+    return (f"{measured}: more than the {100.0 * margin:.0f} % margin, and the plan's upper quartile "
+            f"{1e3 * plan_upper:.1f} ms is below dense's lower quartile {1e3 * dense_lower:.1f} ms; the plan is kept")
+
+
+def _show_verdict(margin: float, figures) -> tf.Tensor:
+    """Rank 0's py_function at the decision step: shows `verdict` (`tfcomp.report`)."""
+    report.show(verdict(figures.numpy(), margin), rank=0)
+    return tf.constant(True)

@@ -21,10 +21,10 @@ compression costs, barriers).
 
 Calibration comes in pieces: `calibration_pieces` is a generator whose every `next()` runs one
 piece (a probe graph made, or called for the first time, which traces it; or one round of timed
-calls) and which returns the figures. `calibrate` runs it at once (the exchange's first step does,
-by default); an exchange whose calibration is deferred (`tfcomp.controller.PlanController.
-defer_calibration`, which `tfcomp.keras.Replan` sets) runs a few pieces after each training step
-instead, its first steps sending everything dense, so that no step waits for the whole of it.
+calls) and which returns the figures. `calibrate` runs it at once (the first step of an exchange
+with a forced strategy does); an exchange that the cost model plans runs a few pieces between
+training steps instead, its first steps sending everything dense, so that no step waits for the
+whole of it (`tfcomp.controller.PlanController.calibrate_step`, which `tfcomp.keras.Replan` calls).
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cac
 
 def calibrate(compressor, process_set=hvd.global_process_set, max_elements: int = 2**23,
               tensor_elements=(), could_pay=None) -> ClusterModel:
-    """`calibration_pieces` run at once (as the exchange's first step does, unless calibration was
-    deferred to run between training steps): the cluster's `ClusterModel`, rank 0's on every rank."""
+    """`calibration_pieces` run at once (as the first step of an exchange with a forced strategy
+    does): the cluster's `ClusterModel`, rank 0's on every rank."""
     return finish(calibration_pieces(compressor, process_set, max_elements, tensor_elements, could_pay))
 
 
