@@ -24,7 +24,7 @@ import tfcomp
 from examples import fashion_mnist
 from tfcomp import ops
 
-LIBRARY_PREFIX = "Tfcomp_"  # the op library's op types (its generated module's op classes)
+LIBRARY_PREFIX = "Tfcomp_"  # the op library's generated op classes: Tfcomp_X for the op type Tfcomp>X
 COLLECTIVE_ATTRIBUTES = ("reduce_op", "prescale_factor", "postscale_factor", "process_set_id", "T")
 FRAMEWORKS = {"horovod": lambda: hvd.Compression.none, "tfcomp": lambda: tfcomp.DRAGONN(0.01, strategy="dense")}
 
@@ -51,7 +51,7 @@ def collectives(graph) -> list:
 
 def tfcomp_ops(graph, where: str = "step") -> list:
     """[op type, where] of every op of tfcomp's op library in `graph` and the graphs it calls."""
-    library = {name for name in dir(ops.load_library()) if name.startswith(LIBRARY_PREFIX)}
+    library = {name.replace("_", ">", 1) for name in dir(ops.load_library()) if name.startswith(LIBRARY_PREFIX)}
     found = []
     for op in graph.get_operations():
         if op.type in library:
