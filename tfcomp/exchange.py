@@ -15,7 +15,10 @@ The exchange keeps Horovod's calling protocol and owns three things, each in its
     and reused by every later call and every retrace until the controller installs another
     (deferred calibration, re-plans, the trial's verdict: `exchange.controller`);
   * the step graph (`tfcomp.step.StepGraph`) that runs a plan: inline when called inside a
-    `tf.function`, as a `tf.function` of its own when called eagerly.
+    `tf.function`, as a `tf.function` of its own when called eagerly. A plan that sends
+    everything dense (with nothing left in the exchange's memory to send) runs Horovod's own
+    reduction for the exchange's settings (`dense_reduction`), on Horovod's own lists: the step
+    is Horovod's, with the exchange's bookkeeping off its critical path.
 
 Gradients of float32, float16 and bfloat16 may be compressed; float64, integer and other gradients
 are reduced as Horovod reduces them (dense allreduce), as are `tf.IndexedSlices` (Horovod's sparse

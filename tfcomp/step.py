@@ -17,6 +17,12 @@ returns the reduced gradients. It never changes the plan and creates no variable
     factors (fp16 on the wire for `tfcomp.FP16()`);
   * `tf.IndexedSlices`: Horovod's sparse allreduce (allgather).
 
+A plan that sends everything dense, with no optimizer moments and no residual left to send in the
+exchange, runs Horovod's own reduction instead (`StepGraph.run_as_horovod`: the function Horovod's
+optimizer or tape would have built for the same arguments, on Horovod's own lists of gradients):
+the same ops as plain Horovod's step, its bookkeeping (counters, timeline) counted at the step's
+start or sampled, off the step's critical path.
+
 The first `compressor.warmup_steps` communicating steps send the compressed buckets dense (with
 their residuals, which are then cleared). Under DGC momentum correction the momentum lives in the
 exchange, so every float gradient the plan sends dense (its dense buckets, and warm-up steps) is
@@ -194,8 +200,8 @@ def _values(tensor) -> tf.Tensor:
 
 
 def _dense_bytes(grads) -> float:
-    """Bytes of the gradients `grads` sent as dense float tensors of their own dtypes (IndexedSlices
-    and tensors of unknown shape left out)."""
+    """Bytes of the gradients `grads` (tensors or TensorSpecs) as dense tensors of their own dtypes
+    (IndexedSlices and tensors of unknown shape left out)."""
     return float(sum(g.shape.num_elements() * g.dtype.size for g in grads
                      if not isinstance(g, tf.IndexedSlices) and g.shape.is_fully_defined()))
 
