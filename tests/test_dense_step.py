@@ -135,7 +135,8 @@ def test_counters_time_only_what_they_are_given(rng):
             counters.add_time(tf.constant([start - 1.0, start], tf.float64), tf.constant([start + seconds], tf.float64))
     counted = counters.read()
     assert counted["steps"] == len(sizes) and counted["timed_steps"] == int(timed.sum())
-    assert counted["sent_bytes"] == pytest.approx(sizes.sum()) and counted["dense_bytes"] == pytest.approx(2 * sizes.sum())
+    assert counted["sent_bytes"] == pytest.approx(sizes.sum())
+    assert counted["dense_bytes"] == pytest.approx(2 * sizes.sum())
     assert counted["seconds"] == pytest.approx(elapsed[timed].sum(), abs=1e-6)
 
 
