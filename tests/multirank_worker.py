@@ -345,8 +345,11 @@ def check_dropped_plan(report):
             plain = [hvd_tf.allreduce(g, op=hvd_tf.Average).numpy() for g in grads]
             worst = max(worst, *(float(np.max(np.abs(r - p))) for r, p in zip(reduced, plain)))
         report[f"{name}/against_horovod"] = worst
-        graph = entry.eager_step._function.get_concrete_function([tf.TensorSpec([n]) for n in sizes]).graph
+        graph = entry.eager_step._function.get_concrete_function([tf.TensorSpec([n]) for n in sizes], variables,
+                                                                 False).graph
+        # Horovod's own reduction (a function call) and one tf.cond: the timeline's sampled clocks.
         report[f"{name}/conds"] = sum(op.type in ("If", "StatelessIf") for op in graph.get_operations())
+        report[f"{name}/horovod"] = entry.runtime.horovod
         report[f"{name}/residual_left"] = max(float(np.max(np.abs(exchange.memory.residual(v, n).numpy())))
                                               for v, n in zip(variables, sizes) if exchange.memory.has(v))
 

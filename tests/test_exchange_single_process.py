@@ -288,8 +288,9 @@ def test_dense_compressors_give_the_gradient_back(rng, compressor, op):
         grads, slices = problem.grads()
         reduced, reduced_slices = problem.call(exchange, grads, slices)
         for n in SHAPES:
-            expected = grads[n] if isinstance(compressor, tfcomp.NoCompression) else grads[n].astype(np.float16).astype(np.float32)
-            assert_same_bits(reduced[n], expected)
+            # An all-dense plan runs Horovod's own reduction, which in a world of one gives every gradient back
+            # as it is (no collective, so no fp16 round trip either), as stock Horovod with Compression.fp16 does.
+            assert_same_bits(reduced[n], grads[n])
         assert_slices_pass_through(reduced_slices, slices)
         assert int(exchange.step.numpy()) == step + 1
     assert len(exchange.memory.residuals) == 0

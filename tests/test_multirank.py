@@ -194,7 +194,8 @@ def test_dense_plans_drop_the_flush_of_residuals_they_have_sent(reports):
     assert all("AssignVariableOp" in t[2] for t in trial_step)  # the plan's residuals
     assert all({"If", "StatelessIf"} & set(t[3]) for t in trial_step)  # the flush of the plan's residuals
     assert [t[4] for t in trial_step] == [[]] * size  # as Horovod sends them: no variable, no tf.cond
-    assert dropped["conds"] == [0] * size
+    assert dropped["conds"] == [1] * size  # the timeline's sampled clocks, off the step's critical path
+    assert dropped["horovod"] == [True] * size  # Horovod's own reduction
     assert max(dropped["against_horovod"]) < FLOAT_TOLERANCE
     assert dropped["residual_left"] == [0.0] * size
     settled = values(reports, "settled")
@@ -202,7 +203,8 @@ def test_dense_plans_drop_the_flush_of_residuals_they_have_sent(reports):
     assert settled["before"] == [[False, False]] * size  # the flush in the step, nothing left to send
     assert settled["changed"] == [True] * size
     assert settled["runtime"] == [[True, True, 0]] * size
-    assert settled["conds"] == [0] * size
+    assert settled["conds"] == [1] * size
+    assert settled["horovod"] == [True] * size
     assert max(settled["against_horovod"]) < FLOAT_TOLERANCE
     assert settled["residual_left"] == [0.0] * size
     assert max(dropped["conserved"]) < FLOAT_TOLERANCE

@@ -16,7 +16,10 @@ The exchange keeps Horovod's calling protocol and owns three things, each in its
     every retrace until the controller installs another (calibration between steps, re-plans, the
     trial's verdict: `exchange.controller`);
   * the step graph (`tfcomp.step.StepGraph`) that runs a plan: inline when called inside a
-    `tf.function`, as a `tf.function` of its own when called eagerly.
+    `tf.function`, as a `tf.function` of its own when called eagerly. A plan that sends
+    everything dense (with nothing left in the exchange's memory to send) runs Horovod's own
+    reduction for the exchange's settings (`dense_reduction`), on Horovod's own lists: the step
+    is Horovod's, with the exchange's bookkeeping off its critical path.
 
 Gradients of float32, float16 and bfloat16 may be compressed; float64, integer and other gradients
 are reduced as Horovod reduces them (dense allreduce), as are `tf.IndexedSlices` (Horovod's sparse
@@ -38,6 +41,7 @@ from tfcomp.collectives import HorovodCollectives
 from tfcomp.compressors import FP16, Compressor
 from tfcomp.controller import DEPARTURE_THRESHOLD, REPLAN_MIN_GAIN, PlanController
 from tfcomp.counters import ExchangeCounters
+from tfcomp.horovod_glue import horovod_reduction
 from tfcomp.memory import ExchangeState
 from tfcomp.planner import Planner, TensorSignature
 from tfcomp.step import StepGraph
@@ -190,6 +194,10 @@ class GradientExchange(tf.Module):
       controller: the `tfcomp.controller.PlanController` that decides the plans, with a planner of
         this compressor (default: one with a `tfcomp.planner.Planner` of this exchange's settings,
         these collectives and `plan`; give either `plan` or `controller`, not both).
+      dense_reduction: Horovod's own "allreduce grads" function, which every step of a plan that
+        sends everything dense runs (`tfcomp.step.StepGraph.run_as_horovod`): the Horovod glue gives
+        the one Horovod would have built from the user's arguments; default: the one of this
+        exchange's settings (`tfcomp.horovod_glue.horovod_reduction`).
 
     The controller's `calibrate_step`, `calibrate`, `calibration_pending`, `calibration_seconds`,
     `ready_times_cached`, `replan`, `check_prediction`, `measured_plan` and `settle` are the
@@ -202,7 +210,7 @@ class GradientExchange(tf.Module):
 
     def __init__(self, compressor: Compressor, *, op=hvd.Average, gradient_predivide_factor: float = 1.0,
                  sparse_as_dense: bool = False, process_set=hvd.global_process_set, name: str = "tfcomp",
-                 plan=None, collectives=None, controller=None):
+                 plan=None, collectives=None, controller=None, dense_reduction=None):
         check_tf2_mode()
         super().__init__(name=name.replace(">", "_"))
         if not isinstance(compressor, Compressor):
@@ -224,9 +232,13 @@ class GradientExchange(tf.Module):
         self.state = ExchangeState(collectives.rank, collectives.size) if collectives.included() else ExchangeState()
         self._collectives = collectives
         self.counters = ExchangeCounters()
+        if dense_reduction is None:
+            dense_reduction = horovod_reduction(compressor, name=self.name, sparse_as_dense=self.sparse_as_dense, op=op,
+                                                gradient_predivide_factor=self.gradient_predivide_factor,
+                                                process_set=process_set)
         self._step_graph = StepGraph(compressor, self.state, collectives, op=op,
                                      gradient_predivide_factor=self.gradient_predivide_factor, process_set=process_set,
-                                     counters=self.counters)
+                                     counters=self.counters, dense_reduction=dense_reduction)
         self.controller = controller or PlanController(Planner(compressor, process_set, {
             "op": int(op), "gradient_predivide_factor": self.gradient_predivide_factor,
             "sparse_as_dense": self.sparse_as_dense}), collectives, fixed_plan=plan)
@@ -317,7 +329,6 @@ class GradientExchange(tf.Module):
     # tf.function (12.8 s against 1.5 s for a first call, same result): they build their graph explicitly.
     @tf.autograph.experimental.do_not_convert
     def __call__(self, grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's signature)
-        del use_generic_names
         grads = list(grads)
         if vars is None:
             raise ValueError("tfcomp's exchange needs the sources of the gradients (variables or watched tensors)")
@@ -336,17 +347,35 @@ class GradientExchange(tf.Module):
             if self._keras_optimizer is not None:
                 self._build_keras_optimizer(sources)
         self._record(grads_in, names, entry.plan)
-        if tf.executing_eagerly():
-            if entry.eager_step is None:
-                entry.eager_step = _UntrackedFunction(tf.function(
-                    lambda gs: self._step_graph(entry.plan, gs, entry.sources, entry.runtime), autograph=False))
-            reduced = entry.eager_step(grads_in)
+        if entry.runtime.horovod:
+            # Horovod's own step, on Horovod's own lists.
+            def step(gs, srcs, generic_names):
+                sized = [self._sized(g, source) for g, source in zip(gs, srcs) if g is not None]
+                return self._step_graph.run_as_horovod(gs, srcs, generic_names, sized, entry.plan, entry.runtime)
+            arguments = (grads, sources, bool(use_generic_names))
         else:
-            reduced = self._step_graph(entry.plan, grads_in, entry.sources, entry.runtime)
+            def step(gs):
+                return self._step_graph(entry.plan, gs, entry.sources, entry.runtime)
+            arguments = (grads_in,)
+        if not tf.executing_eagerly():
+            reduced = step(*arguments)
+        else:
+            if entry.eager_step is None:
+                entry.eager_step = _UntrackedFunction(tf.function(step, autograph=False))
+            reduced = entry.eager_step(*arguments)
+        if entry.runtime.horovod:
+            return list(reduced)
         out = list(grads)
         for i, r in zip(present, reduced):
             out[i] = r
         return out
+
+    def _sized(self, grad, source):
+        """What `grad` puts on the wire as Horovod reduces it, for counting its bytes: itself, or,
+        for `tf.IndexedSlices` with sparse_as_dense, a `tf.TensorSpec` of its source's shape."""
+        if self.sparse_as_dense and isinstance(grad, tf.IndexedSlices):
+            return tf.TensorSpec(source.shape, grad.dtype)
+        return grad
 
     def _densify(self, grad, source):
         """With sparse_as_dense, IndexedSlices become dense tensors of the source's static shape."""

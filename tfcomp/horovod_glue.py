@@ -12,7 +12,9 @@ both, at run time and without touching Horovod's files or classes; the wrappers 
 arguments by the wrapped function's own signature and pass them on unchanged:
 
   * given a tfcomp compressor, the reduction factory returns a `GradientExchange` instead of
-    Horovod's per-tensor allreduce (Horovod's own compressors go to Horovod unchanged). An
+    Horovod's per-tensor allreduce (Horovod's own compressors go to Horovod unchanged), handing it
+    Horovod's own function for the same arguments (`horovod_reduction`), which the exchange runs
+    whenever its plan sends everything dense. An
     optimizer gets an exchange of its own; tapes, which Horovod's examples build anew in every step
     and every trace, share one exchange per setting (as Horovod caches its function), so the plan
     is made once and the residuals and step counter carry over from step to step;
@@ -35,7 +37,7 @@ import inspect
 from packaging import version
 
 __all__ = ["HOROVOD_HOOKS", "HOROVOD_REDUCTION_ATTRIBUTE", "INSTALL_HOROVOD", "SUPPORTED_HOROVOD",
-           "check_supported_horovod", "exchange_of", "install", "validate_optimizer_arguments"]
+           "check_supported_horovod", "exchange_of", "horovod_reduction", "install", "validate_optimizer_arguments"]
 
 SUPPORTED_HOROVOD = (">=0.28", "<0.29")  # built and tested with 0.28.1
 INSTALL_HOROVOD = ("HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 "
@@ -69,13 +71,14 @@ import tensorflow as tf  # noqa: E402
 # tfcomp.exchange is imported by the calls that need it, not here: `import tfcomp` installs this glue as soon as
 # Horovod's TensorFlow package is imported, which may be from inside the imports of tfcomp.exchange or of a module
 # it imports (tfcomp.collectives, tfcomp.step, ...).
-from tfcomp.compressors import Compressor, check_compression  # noqa: E402
+from tfcomp.compressors import FP16, Compressor, check_compression  # noqa: E402
 from tfcomp.version import check_supported_stack  # noqa: E402
 
 # Horovod 0.28's private hooks that tfcomp wraps: (module, function, the parameters the wrapper reads).
 HOROVOD_HOOKS = {
     "reduction": ("horovod.tensorflow", "_make_allreduce_grads_fn",
-                  ("name", "compression", "sparse_as_dense", "op", "gradient_predivide_factor", "process_set")),
+                  ("name", "device_dense", "device_sparse", "compression", "sparse_as_dense", "op",
+                   "gradient_predivide_factor", "groups", "process_set")),
     "keras_optimizer": ("horovod._keras", "create_distributed_optimizer",
                         ("optimizer", "compression", "gradient_predivide_factor", "op")),
 }
@@ -117,18 +120,52 @@ def validate_optimizer_arguments(optimizer, compression, op, gradient_predivide_
     check_predivide_factor(gradient_predivide_factor)
 
 
-def _exchange(name, compression, sparse_as_dense, op, gradient_predivide_factor, process_set):
-    """A new `GradientExchange` for an optimizer; for a tape, the one exchange of its settings."""
+def horovod_reduction(compressor: Compressor, *, name: str, sparse_as_dense: bool, op, gradient_predivide_factor: float,
+                      process_set, device_dense: str = "", device_sparse: str = "", groups=None):
+    """Horovod's own "allreduce grads" function (what its reduction factory, `HOROVOD_HOOKS`'
+    "reduction", builds; a `tf.function` where built eagerly, as Horovod's is) for these arguments,
+    with `compression` hvd.Compression.fp16 for `tfcomp.FP16()` and hvd.Compression.none for any
+    other tfcomp compressor: what Horovod's optimizer or tape would run for `compressor`'s
+    gradients sent dense. Horovod caches it per arguments, so its optimizer and tfcomp's exchange
+    of the same arguments share one function."""
+    module_name, function_name, _ = HOROVOD_HOOKS["reduction"]
+    make = inspect.unwrap(getattr(importlib.import_module(module_name), function_name))
+    compression = hvd.Compression.fp16 if isinstance(compressor, FP16) else hvd.Compression.none
+    return make(name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+                sparse_as_dense=sparse_as_dense, op=op, gradient_predivide_factor=gradient_predivide_factor,
+                groups=groups, process_set=process_set)
+
+
+def _groups_key(groups):
+    """`groups` (None, a number, or lists of variables) as a hashable key."""
+    if isinstance(groups, list):
+        return tuple(tuple(v.ref() for v in group) for group in groups)
+    return groups
+
+
+def _exchange(given: dict):
+    """A new `GradientExchange` for an optimizer, for the reduction factory's arguments `given` (by
+    name); for a tape, the one exchange of its settings (all of them: each changes Horovod's own
+    function, which the exchange runs for all-dense plans)."""
     from tfcomp.exchange import GradientExchange
 
     _check_no_strategy()
+    compression, name = given["compression"], given["name"]
+    settings = {"op": given["op"], "gradient_predivide_factor": given["gradient_predivide_factor"],
+                "sparse_as_dense": given["sparse_as_dense"], "process_set": given["process_set"]}
+
+    def make():
+        reduction = horovod_reduction(compression, name=name, device_dense=given["device_dense"],
+                                      device_sparse=given["device_sparse"], groups=given["groups"], **settings)
+        return GradientExchange(compression, name=name or "tfcomp", dense_reduction=reduction, **settings)
+
     if name != _TAPE_NAME:
-        return GradientExchange(compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
-                                sparse_as_dense=sparse_as_dense, process_set=process_set, name=name or "tfcomp")
-    key = (compression, op, float(gradient_predivide_factor), bool(sparse_as_dense), process_set.process_set_id)
+        return make()
+    key = (compression, given["op"], float(given["gradient_predivide_factor"]), bool(given["sparse_as_dense"]),
+           given["process_set"].process_set_id, given["device_dense"], given["device_sparse"],
+           _groups_key(given["groups"]))
     if key not in _tape_exchanges:
-        _tape_exchanges[key] = GradientExchange(compression, op=op, gradient_predivide_factor=gradient_predivide_factor,
-                                                sparse_as_dense=sparse_as_dense, process_set=process_set, name=name)
+        _tape_exchanges[key] = make()
     return _tape_exchanges[key]
 
 
@@ -164,8 +201,7 @@ def install() -> None:
         given = reduction_arguments(args, kwargs)
         if not isinstance(check_compression(given["compression"]), Compressor):
             return original_make(*args, **kwargs)
-        return _exchange(given["name"], given["compression"], given["sparse_as_dense"], given["op"],
-                         given["gradient_predivide_factor"], given["process_set"])
+        return _exchange(given)
 
     keras_module, original_create, keras_arguments = _binder("keras_optimizer")
 

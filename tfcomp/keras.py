@@ -29,7 +29,9 @@ them), all measured over the epoch's steps on this worker:
   tfcomp_sent_fraction         those bytes over the bytes of the same gradients sent dense;
   tfcomp_exchange_ms_per_step  milliseconds from the exchange's start (its gradients computed) to
                                its end (every reduced gradient computed): compression, collectives
-                               and decoding, as far as the backward pass does not hide them;
+                               and decoding, as far as the backward pass does not hide them (over
+                               the steps timed: every step of a compressing plan, the steps an
+                               all-dense plan's timeline samples);
   tfcomp_gradients_ready_ms    from the first gradient ready to the last, in a step (the part of the
                                backward pass the exchange can overlap; median of the last 20 steps);
   tfcomp_exposed_exchange_ms   how long after the last gradient the last bucket's exchange ends (what
@@ -99,7 +101,8 @@ class CompressionMonitor(tf.keras.callbacks.Callback):
         if counted["steps"]:
             logs["tfcomp_sent_mb_per_step"] = counted["sent_bytes"] / counted["steps"] / _MB
             logs["tfcomp_sent_fraction"] = counted["sent_bytes"] / max(counted["dense_bytes"], 1.0)
-            logs["tfcomp_exchange_ms_per_step"] = 1e3 * counted["seconds"] / counted["steps"]
+        if counted["timed_steps"]:
+            logs["tfcomp_exchange_ms_per_step"] = 1e3 * counted["seconds"] / counted["timed_steps"]
         timeline = exchange.timeline.read() if exchange.timeline is not None else {"steps": 0}
         if timeline["steps"] and timeline["bucket_end_seconds"]:
             backward = timeline["backward_seconds"]

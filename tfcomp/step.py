@@ -17,6 +17,12 @@ returns the reduced gradients. It never changes the plan and creates no variable
     factors (fp16 on the wire for `tfcomp.FP16()`);
   * `tf.IndexedSlices`: Horovod's sparse allreduce (allgather).
 
+A plan that sends everything dense, with no optimizer moments and no residual left to send in the
+exchange, runs Horovod's own reduction instead (`StepGraph.run_as_horovod`: the function Horovod's
+optimizer or tape would have built for the same arguments, on Horovod's own lists of gradients):
+the same ops as plain Horovod's step, its bookkeeping (counters, timeline) counted at the step's
+start or sampled, off the step's critical path.
+
 The first `compressor.warmup_steps` communicating steps send the compressed buckets dense (with
 their residuals, which are then cleared). Under DGC momentum correction the momentum lives in the
 exchange, so every float gradient the plan sends dense (its dense buckets, and warm-up steps) is
@@ -170,18 +176,34 @@ def _bucket_end(plan, bucket, outputs) -> tf.Tensor:
     """float64 scalar: when `bucket`'s reduced gradients (in `outputs`, by position) are all
     computed, from one or two one-tensor clocks (a clock over a bucket's many tensors kept each
     alive until the last was reduced: 0.2 ms of the 82-tensor model's step on one worker here). A
-    compressed bucket's come from one decode: a clock on its first. A dense bucket's tensors go one
-    allreduce each, which Horovod completes in the order they were ready: a clock on its latest-ready
-    gradient's where the plan knows when each is ready, else on its first and last position's (the
-    backward pass computes gradients in the order of their variables or its reverse; one clock
-    where they are the same)."""
-    positions = bucket.positions
+    compressed bucket's come from one decode: a clock on its first. A dense bucket's: `_dense_end`."""
     if bucket.strategy.compresses:
-        return stamp([outputs[positions[0]]])
+        return stamp([outputs[bucket.positions[0]]])
+    return _dense_end(plan, bucket.positions, outputs)
+
+
+def _dense_end(plan, positions, outputs) -> tf.Tensor:
+    """float64 scalar: when the reduced gradients at `positions` (of `outputs`), sent dense, are
+    all computed. They go one allreduce each, which Horovod completes in the order they were
+    ready: a clock on the latest-ready gradient's where the plan knows when each is ready, else on
+    the first and last position's (the backward pass computes gradients in the order of their
+    variables or its reverse; one clock where they are the same)."""
     if any(plan.ready.values()):
         return stamp([outputs[max(positions, key=lambda p: plan.ready.get(p, 0.0))]])
     ends = sorted({min(positions), max(positions)})
     return stamp([outputs[ends[0]]]) if len(ends) == 1 else tf.reduce_max(stamps([outputs[p] for p in ends]))
+
+
+def _values(tensor) -> tf.Tensor:
+    """A gradient or reduced gradient as one tensor: its values where it is `tf.IndexedSlices`."""
+    return tensor.values if isinstance(tensor, tf.IndexedSlices) else tf.convert_to_tensor(tensor)
+
+
+def _dense_bytes(grads) -> float:
+    """Bytes of the gradients `grads` (tensors or TensorSpecs) as dense tensors of their own dtypes
+    (IndexedSlices and tensors of unknown shape left out)."""
+    return float(sum(g.shape.num_elements() * g.dtype.size for g in grads
+                     if not isinstance(g, tf.IndexedSlices) and g.shape.is_fully_defined()))
 
 
 class StepRuntime:
@@ -192,9 +214,11 @@ class StepRuntime:
     `ExchangeTimeline` (when each gradient was ready and each bucket done), and
     `residuals_sent`: where True, the plan is all dense and its tensors' residuals are known to be
     zero (an earlier step sent them), so its steps send the gradients as Horovod's optimizer does,
-    without reading or clearing any residual. Made by `StepGraph.create_state`, eagerly."""
+    without reading or clearing any residual. `horovod`: the plan's steps are Horovod's own
+    reduction (`StepGraph.run_as_horovod`; its timeline clocks one end for the whole exchange, on
+    sampled steps). Made by `StepGraph.create_state`, eagerly."""
 
-    def __init__(self, trial, timeline, residuals_sent: bool = False):
+    def __init__(self, trial, timeline, residuals_sent: bool = False, horovod: bool = False):
         with tf.init_scope():
             # With residuals_sent the flags start, and stay, clear: nothing sets them in an all-dense plan's steps.
             self.flush = {variant: tf.Variable(not residuals_sent, trainable=False, name=f"tfcomp_flush_{variant}")
@@ -202,6 +226,7 @@ class StepRuntime:
         self.trial = trial
         self.timeline = timeline
         self.residuals_sent = residuals_sent
+        self.horovod = horovod
 
     def dense_residuals_sent(self, plan) -> bool:
         """Whether every later step of `plan` (the plan run with this runtime) sends everything
@@ -224,10 +249,13 @@ class StepGraph:
       process_set: the Horovod process set of the dense allreduces.
       counters: a `tfcomp.counters.ExchangeCounters` that every step adds its bytes sent, dense
         bytes and time to (None: nothing counted).
+      dense_reduction: Horovod's own "allreduce grads" function for these settings
+        (`tfcomp.horovod_glue.horovod_reduction`), which a plan that sends everything dense runs
+        (`run_as_horovod`); None: such a plan runs tfcomp's dense path.
     """
 
     def __init__(self, compressor, state, collectives, *, op=hvd.Average, gradient_predivide_factor: float = 1.0,
-                 process_set=hvd.global_process_set, counters=None):
+                 process_set=hvd.global_process_set, counters=None, dense_reduction=None):
         self.compressor = compressor
         self.state = state
         self.collectives = collectives
@@ -235,6 +263,7 @@ class StepGraph:
         self.gradient_predivide_factor = gradient_predivide_factor
         self.process_set = process_set
         self.counters = counters
+        self.dense_reduction = dense_reduction
 
     def _count_sent(self, nbytes) -> None:
         """Adds `nbytes` (a number or a float64 scalar tensor) to the bytes this step sends."""
@@ -263,8 +292,73 @@ class StepGraph:
                     for i in bucket.positions:
                         self.state.memory.residual(sources[i], int(grads[i].shape.num_elements()),
                                                    self.compressor.optimizer_state)
-            return StepRuntime(PlanTrial(trial_steps) if plan.compressed and trial_steps > 0 else None,
-                               ExchangeTimeline(len(grads), len(plan.buckets)), residuals_sent)
+            trial = PlanTrial(trial_steps) if plan.compressed and trial_steps > 0 else None
+            horovod = trial is None and self._runs_as_horovod(plan, sources, residuals_sent)
+            # Horovod's reduction is timed by one end for the whole exchange (where it has gradients).
+            timeline = ExchangeTimeline(len(grads), min(len(grads), 1) if horovod else len(plan.buckets))
+            return StepRuntime(trial, timeline, residuals_sent or horovod, horovod)
+
+    def _runs_as_horovod(self, plan, sources, residuals_sent: bool) -> bool:
+        """Whether `plan`'s steps can be Horovod's own reduction: the plan sends every bucket
+        dense, the compressor keeps no optimizer moments in the exchange, and no residual is left
+        to send (no error feedback, every residual sent already, or no source holding one: a
+        residual that a restore brought into existing memory is sent by tfcomp's dense path
+        first). Decided eagerly, when the plan's runtime is created."""
+        if self.dense_reduction is None or plan.compressed or self.compressor.optimizer_state:
+            return False
+        return (not self.compressor.error_feedback or residuals_sent
+                or not any(self.state.memory.has(source) for source in sources))
+
+    def run_as_horovod(self, grads, sources, use_generic_names: bool, sized, plan, runtime: "StepRuntime"):
+        """Horovod's own reduction (`dense_reduction`) of Horovod's lists `grads` (None entries,
+        IndexedSlices and all, as Horovod's optimizer or tape gives them) and `sources`, with its
+        `use_generic_names`: the same collectives, in the same order, with the same names and
+        attributes as Horovod's step. `plan` (all dense) and `runtime` (its `create_state`) index
+        the gradients that are not None; `sized`: what each of those puts on the wire (itself, or a
+        `tf.TensorSpec` of the dense tensor Horovod makes of it), for its bytes.
+
+        The bookkeeping stays off the step's critical path: the steps and bytes are counted at the
+        step's start by assign_adds that wait for no tensor of the step (where only IndexedSlices'
+        sizes vary, on those alone), `state.step` is counted likewise, and on the steps the
+        timeline samples (`ExchangeTimeline.sampled`) one tf.cond records the gradients' ready
+        times and the exchange's end (one or two clocks: `_dense_end`) and adds the time to the
+        counters; on the other steps it runs nothing."""
+        if self.counters is not None:
+            self.counters.count_step(self._horovod_sent_bytes(sized), _dense_bytes(sized))
+        self.state.step.assign_add(1)
+        sampled = runtime.timeline.sampled()
+        out = self.dense_reduction(grads, sources, use_generic_names)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        values = [_values(grads[i]) for i in present]
+        outputs = [_values(out[i]) for i in present]
+
+        def record():
+            ready = stamps([values[i] for i in runtime.timeline.clocked])
+            ended = tf.reshape(_dense_end(plan, range(len(outputs)), outputs), [1]) if outputs \
+                else tf.zeros([0], tf.float64)
+            updates = [runtime.timeline.record(ready, ended)]
+            if self.counters is not None:
+                updates.append(self.counters.add_time(ready, ended))
+            return tf.group(updates)
+
+        tf.cond(sampled, record, tf.no_op)
+        return out
+
+    def _horovod_sent_bytes(self, sized):
+        """What Horovod's reduction of `sized` (tensors, IndexedSlices or TensorSpecs) hands to its
+        collectives: a number for dense tensors of known shape (fp16 for tfcomp.FP16's floats), plus
+        a float64 scalar tensor for IndexedSlices (their values and indices) and tensors of unknown
+        shape."""
+        fixed, varying = [], []
+        for g in sized:
+            if isinstance(g, tf.IndexedSlices):
+                varying += [g.values, g.indices]
+            elif g.shape.is_fully_defined():
+                fixed.append(g)
+            else:
+                varying.append(g)
+        total = self._dense_wire_bytes(fixed)
+        return tf.add_n([tensor_bytes(t) for t in varying]) + total if varying else total
 
     def __call__(self, plan, grads, sources, runtime: "StepRuntime"):
         """The reduced `grads` (a list of tensors or IndexedSlices) under `plan`. `sources`: what
@@ -273,8 +367,7 @@ class StepGraph:
         bucket dense with the residuals the plan's steps left, or (once those are sent) every
         bucket dense as Horovod sends it."""
         # Each clock waits for its gradient alone: the buckets start as soon as theirs are ready.
-        values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        ready = stamps([values[i] for i in runtime.timeline.clocked])
+        ready = stamps([_values(grads[i]) for i in runtime.timeline.clocked])
         if runtime.trial is None:
             out = self._reduce(plan, grads, sources, runtime, "plan")
         else:
@@ -291,16 +384,14 @@ class StepGraph:
                                          lambda: self._reduce(dense, grads, sources, runtime, "all_dense"),
                                          lambda: self._reduce_once(dense, grads, sources, sizes, flush=None)])
         self.state.step.assign_add(1)
-        outputs = [tf.convert_to_tensor(o.values if isinstance(o, tf.IndexedSlices) else o) for o in out]
+        outputs = [_values(o) for o in out]
         bucket_ends = tf.stack([_bucket_end(plan, b, outputs) for b in plan.buckets]) if plan.buckets \
             else tf.zeros([0], tf.float64)
         runtime.timeline.record(ready, bucket_ends)
         if self.counters is not None:
             planned = {p for b in plan.buckets for p in b.positions}
             ended = tf.concat([bucket_ends, stamps([o for i, o in enumerate(outputs) if i not in planned])], 0)
-            self.counters.finish(ready, ended,
-                                 sum(g.shape.num_elements() * g.dtype.size for g in grads
-                                     if not isinstance(g, tf.IndexedSlices)))
+            self.counters.finish(ready, ended, _dense_bytes(grads))
         return out
 
     def _reduce(self, plan, grads, sources, runtime, variant: str):

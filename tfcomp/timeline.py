@@ -6,13 +6,17 @@ to the step's first gradient (the start of the exchange: the backward pass compu
 layer's gradients first). A clock in the step graph costs about as much as any op (3 us a clock
 here), so a step clocks at most `MAX_READY_CLOCKS` gradients, spread evenly over the list with its
 first and last (`clocked_positions`), and the others' times are interpolated between them by
-position; and one reduced gradient per bucket (`tfcomp.step` picks it). `record(ready,
-bucket_ends)` adds them from inside the step (`tfcomp.counters.stamps`: each clock waits only for
-its own tensor, so the clocks hold nothing back). `read()` gives per-gradient and per-bucket
-medians over the recorded steps: the gradients' ready times are what the planner prices the
-overlap of the exchange with the backward pass from (`tfcomp.planning.make_plan`'s
-`ready_seconds`), and together with the buckets' ends they are the step's timeline (how much of
-the exchange the backward pass hides).
+position; and one reduced gradient per bucket (`tfcomp.step` picks it), or, for a step that runs
+Horovod's own reduction (an all-dense plan), one end for the whole exchange (a timeline of one
+"bucket"). `record(ready, bucket_ends)` adds them from inside the step (`tfcomp.counters.stamps`:
+each clock waits only for its own tensor, so the clocks hold nothing back). A step may record every
+time, or only where `sampled()` says: every step for the first `window` steps after the plan was
+installed (the controller reads a full window soon after), then one step in
+`TIMELINE_SAMPLE_EVERY`. `read()` gives per-gradient and per-bucket medians over the recorded steps
+(at most the last `window`): the gradients' ready times are what the planner prices the overlap of
+the exchange with the backward pass from (`tfcomp.planning.make_plan`'s `ready_seconds`), and
+together with the buckets' ends they are the step's timeline (how much of the exchange the
+backward pass hides).
 
 The timeline is not training state: it lives outside checkpoints (the holder is not a trackable
 object).
@@ -23,9 +27,11 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["DEFAULT_WINDOW", "MAX_READY_CLOCKS", "ExchangeTimeline", "clocked_positions"]
+__all__ = ["DEFAULT_WINDOW", "MAX_READY_CLOCKS", "TIMELINE_SAMPLE_EVERY", "ExchangeTimeline", "clocked_positions"]
 
 DEFAULT_WINDOW = 20  # steps whose times are kept (the medians are over them)
+# After its first window, a sampled timeline records one step in this many (the others run no clock).
+TIMELINE_SAMPLE_EVERY = 10
 # Gradients a step clocks at most: 82 clocks of gradients and 82 of reduced gradients cost the
 # 82-tensor model 0.5 ms of a 5.9 ms step on one worker here (research/notebook.md).
 MAX_READY_CLOCKS = 16
@@ -43,23 +49,43 @@ def clocked_positions(gradients: int, most: int = MAX_READY_CLOCKS) -> tuple:
 
 
 class ExchangeTimeline:
-    """The last `window` steps' times of `gradients` gradients (those at `clocked` measured, the
-    others interpolated) and `buckets` buckets (float64 seconds from each step's first clocked
-    gradient). Create it eagerly."""
+    """The last `window` recorded steps' times of `gradients` gradients (those at `clocked`
+    measured, the others interpolated) and `buckets` buckets (or ends: one for the whole exchange)
+    (float64 seconds from each step's first clocked gradient). `steps`: the steps recorded;
+    `seen`: the steps that asked `sampled()`. Create it eagerly.
 
-    def __init__(self, gradients: int, buckets: int, window: int = DEFAULT_WINDOW):
+    Args:
+      gradients, buckets: how many (>= 0).
+      window: the recorded steps kept (>= 1).
+      sample_every: after the first `window` steps, `sampled()` is true one step in this many (>= 1).
+    """
+
+    def __init__(self, gradients: int, buckets: int, window: int = DEFAULT_WINDOW,
+                 sample_every: int = TIMELINE_SAMPLE_EVERY):
         if gradients < 0 or buckets < 0:
             raise ValueError(f"gradients and buckets must be >= 0, got {gradients} and {buckets}")
         if window < 1:
             raise ValueError(f"window must be >= 1 step, got {window}")
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1 step, got {sample_every}")
         self.gradients, self.buckets, self.window = int(gradients), int(buckets), int(window)
+        self.sample_every = int(sample_every)
         self.clocked = clocked_positions(self.gradients)
         with tf.init_scope():
             self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfcomp_timeline_steps")
+            self.seen = tf.Variable(0, dtype=tf.int64, trainable=False, name="tfcomp_timeline_seen")
             self.ready = tf.Variable(tf.zeros([self.window, len(self.clocked)], tf.float64), trainable=False,
                                      name="tfcomp_timeline_ready")
             self.ends = tf.Variable(tf.zeros([self.window, self.buckets], tf.float64), trainable=False,
                                     name="tfcomp_timeline_bucket_ends")
+
+    def sampled(self) -> tf.Tensor:
+        """bool scalar: whether this step is to be recorded (each of the first `window` steps that
+        ask, then one in `sample_every`), from the steps seen so far, which it counts (an
+        assign_add that waits for no tensor of the step). Call it once a step, at its start."""
+        seen = self.seen.read_value()
+        self.seen.assign_add(1)
+        return tf.logical_or(seen < self.window, seen % self.sample_every == 0)
 
     def record(self, ready, bucket_ends) -> tf.Operation:
         """Records one step: `ready`, float64 [len(clocked)], when the gradients at `clocked` were
