@@ -120,7 +120,7 @@ class _Planner:
         self.compressor, self.cluster = compressor, cluster
         self.pieces, self.calibrated, self.clock, self.piece_seconds = pieces, calibrated, clock, piece_seconds
         self.calibration_seconds, self.ready_cached, self.started = 0.0, False, False
-        self.kept, self.recalibrations, self.asked = [], 0, []
+        self.kept, self.recalibrations, self.asked, self.steps_given = [], 0, [], []
 
     @property
     def calibration_pending(self) -> bool:
@@ -141,9 +141,12 @@ class _Planner:
             self.cluster = self.calibrated
         return self.pieces == 0
 
-    def plan(self, tensors, signature, ready_seconds=None):
+    def plan(self, tensors, signature, ready_seconds=None, step=None):
         del signature
-        return planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds)
+        self.steps_given.append(step)
+        step_seconds, margin = step if step is not None else (None, planning.COMPRESSION_MARGIN)
+        return planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds,
+                                  step_seconds=step_seconds, margin=margin)
 
     def dense_plan(self, tensors, signature):
         del signature
@@ -472,8 +475,11 @@ def test_calibration_runs_within_its_share_of_the_last_steps_and_then_installs_i
     assert changed is True and controller.gate.calibrates
     (installed, _), = exchange.installed
     ready = exchange.entry.runtime.timeline.ready
+    # The plan must gain the gate's margin of the step the gate measured.
+    assert controller.planner.steps_given[-1] == (controller.gate.step_seconds, controller.gate.margin)
     expected = planning.make_plan(tensors, controller.compressor, _cluster(SLOW),
-                                  ready_seconds=[float(ready[p]) for p, _, _ in tensors])
+                                  ready_seconds=[float(ready[p]) for p, _, _ in tensors],
+                                  step_seconds=controller.gate.step_seconds, margin=controller.gate.margin)
     assert installed.digest() == expected.digest() and installed.compressed
     assert "one retrace of the training step" in capsys.readouterr().out
     assert controller.calibrate_step() is False and controller.calibrate() is False
@@ -482,7 +488,7 @@ def test_calibration_runs_within_its_share_of_the_last_steps_and_then_installs_i
 def test_calibrate_runs_all_of_it_at_once_without_the_gate(rng):
     controller, exchange, tensors, _, _ = _waiting(rng, exposed_fraction=0.0, pieces=5)
     assert controller.calibrate() is True and not controller.calibration_pending and controller.gate is None
-    assert controller.planner.asked == [float("inf")]
+    assert controller.planner.asked == [float("inf")] and controller.planner.steps_given[-1] is None
     (installed, _), = exchange.installed
     assert installed.compressed and installed.cluster == _cluster(SLOW)
 

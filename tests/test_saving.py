@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfcomp
+from tfcomp.memory import ExchangeState
 
 
 def build():
@@ -76,6 +77,22 @@ def test_gathered_memory_restores_own_row_or_the_mean(rng, tmp_path, saved_ranks
     np.testing.assert_array_equal(residual.numpy(), rows[1] if expected == "exact" else rows.mean(axis=0))
     assert int(restored.gathered_step.numpy()) == -1
     assert restored.gathered_vector(0).numpy().size == 0
+
+
+def test_residuals_a_restore_holds_are_counted_until_claimed(rng, tmp_path):
+    values = [rng.standard_normal(n).astype(np.float32) for n in (10, 3)]
+    saved = ExchangeState()
+    for position, value in enumerate(values):
+        saved.memory.residual(("watched tensor", position), value.size).assign(value)
+    path = tf.train.Checkpoint(state=saved).save(str(tmp_path / "ckpt"))
+
+    restored = ExchangeState()
+    assert restored.memory.pending_restores() == 0
+    tf.train.Checkpoint(state=restored).restore(path)
+    assert restored.memory.pending_restores() == 2  # an all-dense plan claims none: the exchange warns
+    first = restored.memory.residual(("watched tensor", 0), 10)
+    assert restored.memory.pending_restores() == 1
+    np.testing.assert_array_equal(first.numpy(), values[0])
 
 
 @pytest.mark.parametrize("loader", [tf.keras.models.load_model, hvd.load_model], ids=["keras", "horovod"])

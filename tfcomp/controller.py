@@ -318,6 +318,11 @@ class PlanController:
         self._calibrating.append(float(spent.numpy()))
         return self._calibrated(entry) if done else False
 
+    def _measured_step(self):
+        """(the gate's median training step in seconds, the margin it set), what a plan must gain a
+        share of; None where the gate has not measured (calibration run at once)."""
+        return None if self.gate is None else (self.gate.step_seconds, self.gate.margin)
+
     def _calibrated(self, entry) -> bool:
         """Calibration just finished: plans `entry`'s gradients with its figures and the ready times
         measured so far, installs that plan where it compresses (it replaces the dense stand-in
@@ -326,7 +331,7 @@ class PlanController:
         self._calibration = _DONE
         _, ready = self._ready_times_kept(entry)
         with tf.init_scope():
-            plan = self.planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
+            plan = self.planner.plan(entry.tensors, entry.signature, ready_seconds=ready, step=self._measured_step())
         changed = bool(plan.compressed)
         if changed:
             self._exchange.install(plan)
@@ -580,7 +585,7 @@ class PlanController:
         figures; where that plan sends everything dense, has sent every residual and still carries
         a trial's branch or their flush, it is installed again without them (`_settle`)."""
         with tf.init_scope():
-            plan = self.planner.plan(entry.tensors, entry.signature, ready_seconds=ready)
+            plan = self.planner.plan(entry.tensors, entry.signature, ready_seconds=ready, step=self._measured_step())
             residuals_sent = entry.runtime.dense_residuals_sent(entry.plan)
         dropped = self.trial_dropped_compression
         running = entry.plan.all_dense() if dropped else entry.plan

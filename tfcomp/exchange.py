@@ -408,6 +408,10 @@ class GradientExchange(tf.Module):
         entry = self._install(cache_key, plan, tensors, signature, specs, keys)
         with tf.init_scope():
             self.state.adopt_restored(self._collectives.rank, self._collectives.size, self.compressor.error_feedback)
+        if not plan.compressed and (pending := self.state.memory.pending_restores()):
+            logging.warning("tfcomp: the restored checkpoint holds %d error-feedback residuals (an update still owed), "
+                            "but this plan sends every gradient dense: they are sent only once a plan compresses "
+                            "their gradients again", pending)
         if self._collectives.rank == 0 and (advice := _cpu_allocator_advice(plan, tensors)):
             logging.warning("%s", advice)
         return entry

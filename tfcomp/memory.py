@@ -62,6 +62,11 @@ class ErrorFeedback(tf.Module):
                              f"error-feedback residual has {self.residuals[index].shape.num_elements()}")
         return index
 
+    def pending_restores(self) -> int:
+        """How many residuals a checkpoint restore holds for this memory that no source has claimed
+        yet (a residual is created, and filled, when a plan first compresses its source)."""
+        return len(getattr(self.residuals, "_deferred_dependencies", {}))
+
     def has(self, source) -> bool:
         """Whether `source` has memory (created by an earlier `residual`, `momentum`, ...)."""
         return source_key(source) in self._slot_of

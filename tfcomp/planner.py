@@ -99,14 +99,16 @@ class Planner:
         """Runs what is left of a calibration between steps at once."""
         self.calibrate_some(float("inf"))
 
-    def plan(self, tensors, signature, ready_seconds=None) -> planning.Plan:
+    def plan(self, tensors, signature, ready_seconds=None, step=None) -> planning.Plan:
         """The plan for `tensors` = [(position, name, elements)] in backprop order (the gradients
         that may be compressed), checked equal on all ranks. `signature`: a `TensorSignature` per
         gradient of the exchange's list, in its order. `ready_seconds`: when each of `tensors` is
         ready (`tfcomp.planning.make_plan`), the same on every rank; None: those an earlier job of
         the same model measured on these hosts (`calibration.cached_ready_times`) for the first
-        plan, else all after the backward pass. A calibration between steps still pending is
-        finished first, at once."""
+        plan, else all after the backward pass. `step`: (the measured training step in seconds, the
+        margin a compressing plan must gain of it: `tfcomp.planning.make_plan`'s `step_seconds` and
+        `margin`), or None (the predicted all-dense step and `planning.COMPRESSION_MARGIN`). A
+        calibration between steps still pending is finished first, at once."""
         workers = self.process_set.size()
         if workers > 1:
             self._check_agreement(signature)
@@ -119,7 +121,9 @@ class Planner:
                 if ready_seconds is None and workers > 1:
                     ready_seconds = calibration.cached_ready_times(self.process_set, [n for _, _, n in tensors])
                     self.ready_cached = ready_seconds is not None
-            plan = planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds)
+            step_seconds, margin = step if step is not None else (None, planning.COMPRESSION_MARGIN)
+            plan = planning.make_plan(tensors, self.compressor, self.cluster, ready_seconds=ready_seconds,
+                                      step_seconds=step_seconds, margin=margin)
         if workers > 1:
             self._check_plan(plan)
         return plan
