@@ -580,6 +580,33 @@ def test_ready_times_are_cached_per_model_beside_the_figures(tmp_path, monkeypat
     assert calibration.cached_ready_times(ps, sizes) is None
 
 
+def test_dense_verdicts_are_cached_per_model_and_compressor_beside_the_rest(tmp_path, monkeypatch, rng, caplog):
+    path = tmp_path / "calibration.cache.json"
+    monkeypatch.setenv(calibration.CACHE_ENV, str(path))
+    ps = global_process_set()
+    sizes = [int(n) for n in rng.integers(1, 2**20, size=int(rng.integers(2, 12)))]
+    gain, ready = float(rng.uniform(0.05, 0.9)), sorted(float(t) for t in rng.uniform(0.0, 0.3, size=len(sizes)))
+    dragonn = tfcomp.DRAGONN(0.01)
+    assert calibration.cached_dense_verdict(ps, dragonn, sizes) is None  # no file yet
+    calibration.store_ready_times(ps, sizes, ready)
+    calibration.store_dense_verdict(ps, dragonn, sizes, gain)
+    calibration.cache.write_cache(str(path), "figures", random_model(rng))  # rewriting the rest keeps verdicts
+    assert calibration.cached_dense_verdict(ps, dragonn, sizes) == pytest.approx(gain)
+    assert calibration.cached_ready_times(ps, sizes) == ready
+    assert calibration.cached_dense_verdict(ps, tfcomp.DRAGONN(0.001), sizes) is None  # another compressor
+    assert calibration.cached_dense_verdict(ps, dragonn, sizes + [8]) is None  # another model
+    calibration.store_dense_verdict(ps, dragonn, sizes, 1.7)  # a step more exposed than long: kept as 1
+    assert calibration.cached_dense_verdict(ps, dragonn, sizes) == 1.0
+    content = json.loads(path.read_text())
+    key = next(iter(content["verdicts"]))
+    content["verdicts"][key]["potential_gain"] = "large"
+    path.write_text(json.dumps(content))
+    assert calibration.cached_dense_verdict(ps, dragonn, sizes) is None
+    assert "is not an object with a potential gain in [0, 1]" in caplog.text
+    monkeypatch.setenv(calibration.CACHE_ENV, "none")
+    assert calibration.cached_dense_verdict(ps, dragonn, sizes) is None
+
+
 def test_the_stop_early_rule_asks_for_a_clear_gain_only_of_a_compressor_tried_in_training(rng):
     """planning.compression_could_pay: on networks from 10 Mbit/s to 100 Gbit/s, compression at
     least costs could pay where the plan compresses; a compressor tried in training also needs

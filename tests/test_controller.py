@@ -116,8 +116,9 @@ class _Planner:
     pieces of `piece_seconds` each on `clock` (each `calibrate_some(seconds)` runs pieces until
     `seconds` are spent, at least one) that end with `calibrated` as the figures."""
 
-    def __init__(self, compressor, cluster, pieces: int = 0, calibrated=None, clock=None, piece_seconds=0.0):
-        self.compressor, self.cluster = compressor, cluster
+    def __init__(self, compressor, cluster, pieces: int = 0, calibrated=None, clock=None, piece_seconds=0.0,
+                 earlier_verdict=None):
+        self.compressor, self.cluster, self.earlier_verdict, self.verdicts_kept = compressor, cluster, earlier_verdict, []
         self.pieces, self.calibrated, self.clock, self.piece_seconds = pieces, calibrated, clock, piece_seconds
         self.calibration_seconds, self.ready_cached, self.started = 0.0, False, False
         self.kept, self.recalibrations, self.asked, self.steps_given = [], 0, [], []
@@ -154,6 +155,13 @@ class _Planner:
 
     def keep_ready_times(self, tensors, ready):
         self.kept.append((list(tensors), list(ready)))
+
+    def dense_verdict(self, tensors):
+        del tensors
+        return self.earlier_verdict
+
+    def keep_dense_verdict(self, tensors, potential_gain):
+        self.verdicts_kept.append((list(tensors), potential_gain))
 
     def recalibrate(self, tensors):
         del tensors
@@ -357,7 +365,7 @@ def test_a_second_calibration_is_spent_only_where_a_network_could_change_the_pla
 
 
 def _waiting(rng, exposed_fraction: float, spread: float = 0.0, pieces: int = 3, piece_seconds: float = 0.0,
-             step: float = 0.1, workers: int = WORKERS):
+             step: float = 0.1, workers: int = WORKERS, earlier_verdict=None):
     """(controller, stand-in exchange, tensors, clock, step seconds the driver will time): the first
     plan made by the controller (all dense, calibration waiting for the gate), its timeline's
     exchange ending `exposed_fraction` of a `step`-second step after its last gradient, and
@@ -367,7 +375,7 @@ def _waiting(rng, exposed_fraction: float, spread: float = 0.0, pieces: int = 3,
     tensors = [(int(p), f"t{p}", int(sizes[p])) for p in reversed(range(4))]
     clock = _Clock()
     planner = _Planner(compressor, None, pieces=pieces, calibrated=_cluster(SLOW), clock=clock,
-                       piece_seconds=piece_seconds)
+                       piece_seconds=piece_seconds, earlier_verdict=earlier_verdict)
     controller = PlanController(planner, LocalCollectives(workers), clock=clock)
     plan = controller.first_plan(tensors, ())
     ready = np.sort(rng.uniform(0.0, 0.5 * step, size=4))[::-1]
@@ -498,6 +506,34 @@ def test_calibration_where_compressing_does_not_pay_keeps_the_dense_plan_and_len
     controller.planner.calibrated = _cluster(FAST)
     assert controller.calibrate() is False and exchange.installed == []
     assert exchange.entry.plan.cluster == _cluster(FAST) and not exchange.entry.plan.compressed
+    assert controller.planner.verdicts_kept == []  # calibrated at once: no step measured to keep the verdict at
+
+
+def test_a_dense_verdict_after_the_gate_is_kept_with_the_exposed_share_it_was_reached_at(rng):
+    controller, exchange, tensors, clock, steps = _waiting(rng, exposed_fraction=0.4, pieces=1)
+    controller.planner.calibrated = _cluster(FAST)
+    changed = _drive(controller, clock, steps)
+    while controller.calibration_pending:
+        clock.now += 0.1
+        changed.append(controller.calibrate_step())
+    assert not any(changed) and exchange.installed == [] and not exchange.entry.plan.compressed
+    (kept_tensors, gain), = controller.planner.verdicts_kept
+    assert kept_tensors == tensors and gain == pytest.approx(controller.gate.potential_gain)
+    assert gain == pytest.approx(0.4, rel=1e-6)
+
+
+@pytest.mark.parametrize("earlier, holds", [(0.4, True), (0.33, True), (0.3, False), (0.1, False)])
+def test_an_earlier_dense_verdict_holds_unless_the_exchange_is_more_exposed_now(rng, capsys, earlier, holds):
+    # Exposed 40 % now: an earlier verdict holds down to 40 / VERDICT_TOLERANCE = 32 %.
+    controller, exchange, _, clock, steps = _waiting(rng, exposed_fraction=0.4, earlier_verdict=earlier)
+    capsys.readouterr()
+    _drive(controller, clock, steps)
+    gate = controller.gate
+    assert gate.calibrates is not holds and controller.planner.started is not holds
+    assert (gate.earlier_gain == earlier) if holds else gate.earlier_gain is None
+    assert ("found compressing not paying" in capsys.readouterr().out) is holds
+    if holds:
+        assert not controller.calibration_pending and exchange.installed == [] and gate.share == 0.0
 
 
 def test_a_departure_beyond_2x_is_shown_once_and_only_on_rank_0(rng, capsys):

@@ -33,6 +33,7 @@ class _Exchange:
 
     def __init__(self, pending: int):
         self.pending, self.trial, self.settles, self.calls = pending, None, False, []
+        self.checked = []  # what the next check_prediction calls return (None once empty)
 
     @property
     def calibration_pending(self) -> bool:
@@ -57,6 +58,7 @@ class _Exchange:
     def check_prediction(self, threshold):
         del threshold
         self.calls.append("check_prediction")
+        return self.checked.pop(0) if self.checked else None
 
 
 class _Model:
@@ -103,6 +105,24 @@ def test_replan_stops_asking_once_the_trial_kept_its_plan(monkeypatch):
     for step in range(4):
         callback.on_train_batch_end(step)
     assert exchange.calls == ["settle"]
+
+
+def test_replan_checks_the_prediction_less_often_while_it_holds(monkeypatch):
+    exchange = _Exchange(pending=0)
+    calm = {"replanned": False, "changed": False}
+    exchange.checked = [calm, calm, {"replanned": True, "changed": True}, calm]
+    monkeypatch.setattr(tfcomp.keras, "exchange_of", lambda optimizer: exchange)
+    callback, model = tfcomp.keras.Replan(after_steps=2, check_every=3), _Model()
+    callback.set_model(model)
+    checked_at = []
+    for step in range(1, 60):
+        before = len(exchange.calls)
+        callback.on_train_batch_end(step)
+        if "check_prediction" in exchange.calls[before:]:
+            checked_at.append(step - 2)  # steps after the re-plan at step 2
+    # 3 steps, then 6 and 12 more while it holds; after the re-plan 3 again, then 6, then 12 (None: holds).
+    assert checked_at == [3, 9, 21, 24, 30, 42] and model.retraced == 1
+    assert len(callback.checks) == 4
 
 
 def _library_op_types() -> set:

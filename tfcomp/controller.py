@@ -56,6 +56,8 @@ GATE_STEPS = 10  # dense steps the gate waits for: timed by the driver, and reco
 BUDGET_STEPS = 50  # the window of steps whose time calibration may take a share of
 CALIBRATION_SHARE = 0.02  # that share, at least (the issue's bound); up to half the potential gain where larger
 MAX_SHARE = 0.5  # the share, at most
+VERDICT_TOLERANCE = 1.25  # an earlier job's verdict that compression does not pay holds while the exchange's exposed
+# share of the step is at most this many times what it was then (a network that slowed down more calibrates again)
 _SHOWN_DEPARTURE = 2.0  # a measured exchange this many times above (or below) its prediction is shown, once a job
 
 # Where calibration stands: nothing to calibrate (fixed plan, forced strategy, planning off, one worker, or
@@ -80,8 +82,10 @@ class GateVerdict:
     gradient ready, the latest over the ranks), `step_seconds` (the median step, the largest over
     the ranks), `spread` (the steps' interquartile range over their median, the largest), `margin`
     (what compression must gain: max(COMPRESSION_MARGIN, 2 x spread)), `calibrates` (whether E is
-    at least margin x step) and `share` (the share of the steps' time calibration may take: 0 where
-    it does not calibrate)."""
+    at least margin x step, and no earlier job's verdict holds), `share` (the share of the steps'
+    time calibration may take: 0 where it does not calibrate) and `earlier_gain` (the exposed share
+    of the step at which an earlier job of this model on these hosts found compressing not paying,
+    where that verdict holds: `VERDICT_TOLERANCE`; else None)."""
 
     exposed_seconds: float
     step_seconds: float
@@ -89,6 +93,7 @@ class GateVerdict:
     margin: float
     calibrates: bool
     share: float
+    earlier_gain: float | None = None
 
     @property
     def potential_gain(self) -> float:
@@ -99,6 +104,10 @@ class GateVerdict:
         """The verdict in words (what rank 0 shows)."""
         measured = (f"tfcomp: the exchange ends {1e3 * self.exposed_seconds:.1f} ms after the backward pass, "
                     f"{100.0 * self.potential_gain:.1f} % of a {1e3 * self.step_seconds:.1f} ms step")
+        if self.earlier_gain is not None:
+            return (f"{measured}: an earlier job of this model on these hosts found compressing not paying at "
+                    f"{100.0 * self.earlier_gain:.1f} %; every gradient is sent dense, nothing calibrated (the "
+                    "calibration cache keeps that verdict: TFCOMP_CALIBRATION_CACHE=none to try again)")
         if not self.calibrates:
             return (f"{measured}: compression cannot gain the {100.0 * self.margin:.0f} % margin here; every gradient "
                     "is sent dense")
@@ -292,6 +301,10 @@ class PlanController:
         ready = latest[:-3]
         exposed = max(0.0, float(latest[-3]) - float(max(ready, default=0.0)))
         self.gate = calibration_gate(exposed, float(latest[-2]), float(latest[-1]))
+        if self.gate.calibrates:
+            earlier = self.planner.dense_verdict(entry.tensors)
+            if earlier is not None and self.gate.potential_gain <= VERDICT_TOLERANCE * earlier:
+                self.gate = replace(self.gate, calibrates=False, share=0.0, earlier_gain=earlier)
         report.show(self.gate.describe(), self.collectives.rank)  # the running plan stays: an unpriced dense table
         if not self.gate.calibrates:
             self._calibration = _GATED
@@ -337,6 +350,7 @@ class PlanController:
             self._exchange.install(plan)
         else:
             self._exchange.reprice(plan.cluster, plan.ready)
+            self._keep_dense_verdict(entry)
         report.show(f"tfcomp: calibrated in {self.calibration_seconds:.1f} s; "
                     + ("a new plan (one retrace of the training step)" if changed else "every gradient stays dense")
                     + f":\n{self._last_entry().plan.table()}", self.collectives.rank)
@@ -527,7 +541,16 @@ class PlanController:
         entry = self._replannable()
         if entry is None:
             return False
-        return self._settle(entry, self._running(entry))
+        settled = self._settle(entry, self._running(entry))
+        if settled and self.trial_dropped_compression:
+            self._keep_dense_verdict(entry)
+        return settled
+
+    def _keep_dense_verdict(self, entry) -> None:
+        """Caches, where the gate measured the step, that compressing does not pay for `entry`'s
+        gradients here (calibration planned dense, or a trial dropped the plan), for later jobs."""
+        if self.gate is not None:
+            self.planner.keep_dense_verdict(entry.tensors, self.gate.potential_gain)
 
     def _last_entry(self):
         return None if self._exchange is None else self._exchange.last_entry

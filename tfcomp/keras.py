@@ -151,9 +151,11 @@ class Replan(tf.keras.callbacks.Callback):
         start or is not needed), with the gradients' ready times measured in them
         (`GradientExchange.replan`), so that dense buckets are priced with their overlap of the
         backward pass;
-      * then every `check_every` steps, where the exchange's measured end departs from the
-        prediction by more than `threshold` (`GradientExchange.check_prediction`: the overlap
-        slowdown fitted, or the cluster calibrated again), at most `max_replans` times;
+      * then `check_every` steps later, and again after twice as many steps each time the
+        prediction held (back to `check_every` after a re-plan: a check costs up to tens of ms), where
+        the exchange's measured end departs from the prediction by more than `threshold`
+        (`GradientExchange.check_prediction`: the overlap slowdown fitted, or the cluster
+        calibrated again), at most `max_replans` times;
       * after every step while the running plan's trial may still drop it, and one step after each
         change, `GradientExchange.settle`: as soon as a trial has dropped its plan and the residuals
         are sent (or a new all-dense plan has flushed them), the all-dense plan is installed without
@@ -169,7 +171,8 @@ class Replan(tf.keras.callbacks.Callback):
     Args:
       after_steps: training steps to measure first (>= 1; default 30: past the first plan's trial
         of 23 steps, and the timeline's 20-step window full).
-      check_every: steps between checks of the prediction (>= 1), or None: no checks.
+      check_every: steps to the first check of the prediction, and between checks after a
+        re-plan (>= 1; the interval doubles after each check that holds), or None: no checks.
       threshold: the departure (a fraction of the prediction, > 0) that re-plans.
       max_replans: at most this many re-plans by the checks (>= 0).
     """
@@ -191,6 +194,8 @@ class Replan(tf.keras.callbacks.Callback):
         self.replanned = None
         self.checks = []
         self._steps = 0  # steps since calibration between steps ended (all steps where none was pending)
+        self._check_interval = check_every  # steps from one check of the prediction to the next
+        self._next_check = check_every  # the next check, in steps after `after_steps`
         self._steps_run = 0
         self._settle_due = False  # the plan changed a step ago
         self._trial_kept = None  # the trial that kept its plan (nothing more to settle for it)
@@ -220,7 +225,7 @@ class Replan(tf.keras.callbacks.Callback):
             return
         self._steps += 1
         since = self._steps - self.after_steps
-        checking = (self.check_every is not None and since > 0 and since % self.check_every == 0
+        checking = (self.check_every is not None and since > 0 and since == self._next_check
                     and sum(c["replanned"] for c in self.checks) < self.max_replans)
         if since != 0 and not checking:
             return
@@ -228,6 +233,10 @@ class Replan(tf.keras.callbacks.Callback):
             self.replanned = changed = exchange.replan()
         else:
             result = exchange.check_prediction(self.threshold)
+            calm = result is None or not (result["replanned"] or result["changed"])
+            # A check that finds the prediction holding (or nothing to check) doubles the interval to the next.
+            self._check_interval = 2 * self._check_interval if calm else self.check_every
+            self._next_check = since + self._check_interval
             if result is None:
                 return
             self.checks.append(result)

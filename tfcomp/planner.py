@@ -145,6 +145,16 @@ class Planner:
         every rank) for the first plan of a later job of the same model (`calibration`'s cache)."""
         calibration.store_ready_times(self.process_set, [n for _, _, n in tensors], ready_seconds)
 
+    def dense_verdict(self, tensors):
+        """The exposed share of the step (E / step) at which an earlier job of this model and
+        compressor on these hosts found compressing not paying (`calibration.cached_dense_verdict`),
+        or None; every rank at the same point."""
+        return calibration.cached_dense_verdict(self.process_set, self.compressor, [n for _, _, n in tensors])
+
+    def keep_dense_verdict(self, tensors, potential_gain: float) -> None:
+        """Caches that compressing does not pay for `tensors` here, at `potential_gain` (E / step)."""
+        calibration.store_dense_verdict(self.process_set, self.compressor, [n for _, _, n in tensors], potential_gain)
+
     def recalibrate(self, tensors):
         """Calibrates the cluster for `tensors` (as in `plan`), on every rank at the same point;
         the figures every later plan is made from. Returns the `ClusterModel`."""

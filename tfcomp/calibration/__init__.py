@@ -32,8 +32,8 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 from absl import logging
 
-from tfcomp.calibration.cache import (CACHE_ENV, cache_key, cache_path, cached_ready_times, cpu_allocator,
-                                      read_cache, store_ready_times, write_cache)
+from tfcomp.calibration.cache import (CACHE_ENV, cache_key, cache_path, cached_dense_verdict, cached_ready_times,
+                                      cpu_allocator, read_cache, store_dense_verdict, store_ready_times, write_cache)
 from tfcomp.calibration.compression import (CompressionFigures, compression_pieces, cost_settings,
                                             measure_compression)
 from tfcomp.calibration.network import measure_networks
@@ -41,8 +41,9 @@ from tfcomp.calibration.timing import finish
 from tfcomp.collectives import broadcast_floats
 from tfcomp.cost_model import ClusterModel
 
-__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_ready_times", "calibrate", "calibration_pieces",
-           "compression_pieces", "cost_settings", "cpu_allocator", "finish", "measure_compression", "store_ready_times"]
+__all__ = ["CACHE_ENV", "CompressionFigures", "cache_key", "cached_dense_verdict", "cached_ready_times", "calibrate",
+           "calibration_pieces", "compression_pieces", "cost_settings", "cpu_allocator", "finish", "measure_compression",
+           "store_dense_verdict", "store_ready_times"]
 
 
 def _measure(compressor, process_set, max_elements: int, tensor_elements=(), cached=None, could_pay=None):

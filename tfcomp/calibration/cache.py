@@ -7,7 +7,12 @@ TensorFlow and tfcomp versions, the compressor's settings and the gradients' siz
 size the probes); a change of any of them measures again. A first stage's lower bounds are cached as
 such. The same file keeps the gradients' ready times measured in training (`store_ready_times`),
 keyed by the hosts and the gradients' exact sizes, so that a later job of the same model makes its
-first plan with them (`cached_ready_times`, rank 0's shared through `tfcomp.collectives`).
+first plan with them (`cached_ready_times`, rank 0's shared through `tfcomp.collectives`), and the
+verdict of a job that found compression not paying on these hosts (`store_dense_verdict`: its
+calibration planned dense, or its trial dropped the plan), keyed by the hosts, the compressor's
+cost settings and the gradients' sizes, with the share of the step the dense exchange left exposed
+then (`cached_dense_verdict`): a later job whose exchange is no more exposed stays dense without
+calibrating again.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from tfcomp.calibration.network import network_probe_elements
 from tfcomp.collectives import broadcast_floats
 from tfcomp.cost_model import ClusterModel
 
-__all__ = ["CACHE_ENV", "cache_key", "cache_path", "cached_ready_times", "cpu_allocator", "read_cache",
-           "store_ready_times", "write_cache"]
+__all__ = ["CACHE_ENV", "cache_key", "cache_path", "cached_dense_verdict", "cached_ready_times", "cpu_allocator",
+           "read_cache", "store_dense_verdict", "store_ready_times", "write_cache"]
 
 CACHE_ENV = "TFCOMP_CALIBRATION_CACHE"
 _DEFAULT_CACHE = os.path.join("~", ".cache", "tfcomp", "calibration.json")
@@ -80,8 +85,9 @@ def cache_path():
 
 
 _CACHE_FORMAT, _CACHE_VERSION = "tfcomp calibration cache", 2
-# The file's sections: calibration figures by `cache_key`, gradients' ready times by `_ready_key`.
-_CACHE_SECTIONS = ("entries", "ready_times")
+# The file's sections: calibration figures by `cache_key`, gradients' ready times by `_ready_key`, the
+# verdicts that compression does not pay by `_verdict_key`.
+_CACHE_SECTIONS = ("entries", "ready_times", "verdicts")
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
                type(None): "null"}
 
@@ -173,7 +179,7 @@ def _rewrite_cache(path, section: str, key, value: dict) -> None:
             content, unusable = _cache_content(path), False
         except ValueError:
             content, unusable = {}, True
-        kept = {"entries": {}, "ready_times": {}}
+        kept = {"entries": {}, "ready_times": {}, "verdicts": {}}
         for other, entry in content.get("entries", {}).items():
             with contextlib.suppress(ValueError):
                 _cache_entry_model(entry)
@@ -182,6 +188,10 @@ def _rewrite_cache(path, section: str, key, value: dict) -> None:
             with contextlib.suppress(ValueError):
                 _ready_entry_seconds(entry)
                 kept["ready_times"][other] = entry
+        for other, entry in content.get("verdicts", {}).items():
+            with contextlib.suppress(ValueError):
+                _verdict_gain(entry)
+                kept["verdicts"][other] = entry
         kept[section][key] = {**value, "host": platform.node(), "time": time.time()}
         with open(temporary, "w", encoding="utf-8") as f:
             json.dump({"format": _CACHE_FORMAT, "version": _CACHE_VERSION, **kept}, f, indent=1, allow_nan=False)
@@ -246,3 +256,50 @@ def store_ready_times(process_set, tensor_elements, ready_seconds) -> None:
     path = cache_path()
     if path and process_set.rank() == 0:
         _rewrite_cache(path, "ready_times", _ready_key(process_set, tensor_elements), {"seconds": seconds})
+
+
+def _verdict_key(process_set, compressor, tensor_elements) -> str:
+    """What a cached verdict depends on: the host, its CPU, the world layout, TensorFlow's and
+    tfcomp's versions, the compressor's `cost_settings` and the gradients' exact sizes (the model)."""
+    return _hashed_key(process_set, "verdict", repr(cost_settings(compressor)), str([int(n) for n in tensor_elements]))
+
+
+def _verdict_gain(entry) -> float:
+    """The exposed share of the step a cached verdict was reached at (a float in [0, 1]); a
+    ValueError saying what is wrong otherwise."""
+    gain = entry.get("potential_gain") if isinstance(entry, dict) else None
+    if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0.0 <= gain <= 1.0:
+        raise ValueError(f"is not an object with a potential gain in [0, 1]: {reprlib.repr(entry)}")
+    return float(gain)
+
+
+def cached_dense_verdict(process_set, compressor, tensor_elements):
+    """The share of the step (E / step, a float in [0, 1]) that the dense exchange left exposed when
+    an earlier job of the same model and compressor on the same hosts found compressing not paying
+    (`store_dense_verdict`), rank 0's on every rank; None where there is none (or the cache is off).
+    Every rank of `process_set` must call it at the same point (one broadcast). An unusable entry is
+    reported in one line and ignored."""
+    path = cache_path()
+    gain = None
+    if path and process_set.rank() == 0:
+        key = _verdict_key(process_set, compressor, tensor_elements)
+        try:
+            entry = _cache_content(path).get("verdicts", {}).get(key)
+            gain = None if entry is None else _verdict_gain(entry)
+        except ValueError as error:
+            _report_cache(path, f"verdict {key}: {error}; ignored")
+    if process_set.size() > 1:
+        shared = broadcast_floats([-1.0 if gain is None else gain], process_set, "tfcomp_cached_verdict")
+        gain = None if shared[0] < 0.0 else float(shared[0])
+    return gain
+
+
+def store_dense_verdict(process_set, compressor, tensor_elements, potential_gain: float) -> None:
+    """Keeps that compressing did not pay for this model and compressor on these hosts while the
+    dense exchange left `potential_gain` (E / step, in [0, 1]) of the step exposed; rank 0 writes,
+    the others do nothing. Nothing where the cache is off."""
+    gain = _verdict_gain({"potential_gain": min(max(float(potential_gain), 0.0), 1.0)})
+    path = cache_path()
+    if path and process_set.rank() == 0:
+        _rewrite_cache(path, "verdicts", _verdict_key(process_set, compressor, tensor_elements),
+                       {"potential_gain": gain})
