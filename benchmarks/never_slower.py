@@ -16,7 +16,8 @@ many_small and the CNN, Adam for the ViT) and the same initial weights. Each --h
   steady      per (hosts, rate), one job: per model, the tfcomp arm stepped until its plan is
               settled (the horovod arm as many steps), then --rounds interleaved rounds of one step
               each: each arm's median step, the median of the per-round ratios tfcomp / horovod with
-              a bootstrap 95 % interval, the plan that ran, the warm-up steps.
+              a bootstrap 95 % interval, the same for a second plain Horovod arm against the first
+              (the control: the ratio noise alone gives), the plan that ran, the warm-up steps.
   first_step  per (hosts, rate, model), --jobs fresh jobs of each arm, alternating (tfcomp first),
               without a calibration cache: the first `fit` step's wall time on rank 0 (its trace
               and tfcomp's first plan included; the job runs --first_step_steps steps), the medians
@@ -90,7 +91,8 @@ def _steady(cluster, hosts: int, rate: str) -> tuple:
     for model, run in record["models"].items():
         rows.append({"hosts": hosts, "rate": rate, "model": model, "plan": run["plan"],
                      "warmup_steps": run["warmup_steps"], "capped": run["capped"], "plan_changes": run["plan_changes"],
-                     **report.steady_summary(run["times_ms"]["horovod"], run["times_ms"]["tfcomp"])})
+                     **report.steady_summary(run["times_ms"]["horovod"], run["times_ms"]["tfcomp"],
+                                             run["times_ms"].get("horovod_again"))})
         print(text_table(report.steady_table(), rows[-1:]), flush=True)
     return rows, [record]
 

@@ -1,9 +1,10 @@
 """The figures and tables of benchmarks/never_slower.py, from its workers' records (no TensorFlow).
 
-Steady step (`steady_summary`): per model, the two arms' step times of the same interleaved rounds
+Steady step (`steady_summary`): per model, the arms' step times of the same interleaved rounds
 (milliseconds, round i of one arm paired with round i of the other), each arm's median, the
 median of the per-round ratios tfcomp / horovod and a bootstrap 95 % interval of that median
-(`bootstrap_median_interval`, seeded). First step (`first_step_summary`): the first training step's
+(`bootstrap_median_interval`, seeded); and the same ratio of a second plain Horovod arm to the
+first (`STEADY_ARMS`' control): what the machine's noise alone gives the ratio. First step (`first_step_summary`): the first training step's
 seconds of fresh jobs of each arm, their medians and the overhead tfcomp - horovod. Whole job
 (`job_summary`): pairs of jobs, the per-pair ratios of fit's and of the whole job's wall time and
 their medians. The `*_table` functions turn those into table rows for `benchmarks.tables`.
@@ -17,11 +18,12 @@ import statistics
 
 import numpy as np
 
-__all__ = ["ARMS", "MODELS", "bootstrap_median_interval", "describe_plan", "first_step_order", "first_step_summary",
+__all__ = ["ARMS", "MODELS", "STEADY_ARMS", "bootstrap_median_interval", "describe_plan", "first_step_order", "first_step_summary",
            "first_step_table", "job_order", "job_summary", "job_table", "paired_ratios", "plan_settled",
            "round_order", "steady_summary", "steady_table", "trace_counts"]
 
 ARMS = ("horovod", "tfcomp")  # plain hvd.DistributedOptimizer; the same with compression=tfcomp.DRAGONN()
+STEADY_ARMS = ARMS + ("horovod_again",)  # the steady rounds add a second plain Horovod arm: the control
 MODELS = ("many_small", "cnn", "vit")  # of benchmarks.network_worker.MODELS, the ones issue 44 names
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
@@ -107,16 +109,23 @@ def bootstrap_median_interval(values, confidence: float = 0.95, resamples: int =
     return float(low), float(high)
 
 
-def steady_summary(horovod_ms, tfcomp_ms) -> dict:
-    """The steady-step figures of one model from its interleaved rounds: `horovod_ms` and
-    `tfcomp_ms` (float sequences of the same length, one step time in ms per round) ->
-    {"rounds", "horovod_ms", "tfcomp_ms" (each arm's median), "ratio" (the median of the per-round
-    ratios tfcomp / horovod), "ratio_low", "ratio_high" (its bootstrap 95 % interval)}."""
+def steady_summary(horovod_ms, tfcomp_ms, control_ms=None) -> dict:
+    """The steady-step figures of one model from its interleaved rounds: `horovod_ms`, `tfcomp_ms`
+    and `control_ms` (float sequences of the same length, one step time in ms per round; the
+    control, a second plain Horovod arm, or None) -> {"rounds", "horovod_ms", "tfcomp_ms" (each
+    arm's median), "ratio" (the median of the per-round ratios tfcomp / horovod), "ratio_low",
+    "ratio_high" (its bootstrap 95 % interval), and with a control "control_ratio",
+    "control_low", "control_high" (the same of control / horovod)}."""
     ratios = paired_ratios(tfcomp_ms, horovod_ms)
     low, high = bootstrap_median_interval(ratios)
-    return {"rounds": int(ratios.size), "horovod_ms": float(np.median(horovod_ms)),
-            "tfcomp_ms": float(np.median(tfcomp_ms)), "ratio": float(np.median(ratios)),
-            "ratio_low": low, "ratio_high": high}
+    summary = {"rounds": int(ratios.size), "horovod_ms": float(np.median(horovod_ms)),
+               "tfcomp_ms": float(np.median(tfcomp_ms)), "ratio": float(np.median(ratios)),
+               "ratio_low": low, "ratio_high": high}
+    if control_ms is not None:
+        control = paired_ratios(control_ms, horovod_ms)
+        control_low, control_high = bootstrap_median_interval(control)
+        summary.update(control_ratio=float(np.median(control)), control_low=control_low, control_high=control_high)
+    return summary
 
 
 def describe_plan(strategies, trial=None) -> str:
@@ -196,6 +205,8 @@ def steady_table() -> list:
             ("horovod ms", 10, lambda r: f"{r['horovod_ms']:.1f}"), ("tfcomp ms", 9, lambda r: f"{r['tfcomp_ms']:.1f}"),
             ("tfcomp / horovod", 16, lambda r: f"{r['ratio']:.3f}"),
             ("95 % interval", 13, lambda r: f"{r['ratio_low']:.3f} to {r['ratio_high']:.3f}"),
+            ("Horovod / Horovod (95 %)", 24, lambda r: f"{r['control_ratio']:.3f} ({r['control_low']:.3f} to "
+             f"{r['control_high']:.3f})" if "control_ratio" in r else "-"),
             ("warm-up steps", 13, lambda r: f"{r['warmup_steps']}{' (capped)' if r['capped'] else ''}"),
             ("re-plans in rounds", 18, lambda r: str(r["plan_changes"])),
             ("plan", 30, lambda r: r["plan"])]

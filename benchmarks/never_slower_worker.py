@@ -16,13 +16,14 @@ Models: `benchmarks.network_worker.MODELS` (many_small: 40 Dense 128 -> 128 laye
 inputs; the CNN and the ViT of `examples/models.py` on Fashion-MNIST batches of this worker's shard,
 `examples.fashion_mnist.input_pipeline`), batch 32 per worker.
 
---mode=steady: per model of --models, both arms built; the tfcomp arm is stepped with
+--mode=steady: per model of --models, both arms built, and a second plain Horovod arm
+(`horovod_again`, the control: what noise alone gives a ratio); the tfcomp arm is stepped with
 `train_on_batch`, its `Replan` driven by hand as `fit` would (`set_model`, `on_train_begin`,
 `on_train_batch_end` after each step), until its plan is settled
 (`never_slower_report.plan_settled`: no calibration pending, `Replan`'s re-plan with the measured
 ready times done, the plan's trial (if any) decided for the plan, and no new plan installed in the
 last step; every rank agrees before stopping) or --max_warmup_steps (then reported as capped); the
-horovod arm takes as many warm-up steps. Then --rounds rounds, each one step of each arm on the
+Horovod arms take as many warm-up steps. Then --rounds rounds, each one step of each arm on the
 same batch, in an order shuffled per round (`never_slower_report.round_order`), each step timed on
 rank 0 after a barrier; `Replan` runs after the tfcomp arm's step, outside its time (its seconds
 are recorded), and a plan it installs during the rounds is counted.
@@ -48,7 +49,7 @@ import tensorflow as tf
 
 import tfcomp
 from benchmarks.network_worker import BATCH, MODELS
-from benchmarks.never_slower_report import ARMS, describe_plan, plan_settled, round_order
+from benchmarks.never_slower_report import ARMS, STEADY_ARMS, describe_plan, plan_settled, round_order
 from benchmarks.never_slower_report import MODELS as BENCHMARK_MODELS
 from benchmarks.tables import machine_header
 from benchmarks.tta_configs import MOMENTUM, learning_rate
@@ -126,7 +127,7 @@ def _on_every_rank(flag: bool) -> bool:
 
 def _steady(model_name: str, rounds: int, max_warmup_steps: int) -> dict:
     """One model's warm-up and interleaved rounds (see the module docstring)."""
-    models = {arm: _compiled(model_name, arm) for arm in ARMS}
+    models = {arm: _compiled(model_name, arm) for arm in STEADY_ARMS}  # horovod_again: plain Horovod again
     batches = iter(_dataset(model_name))
     replan = tfcomp.keras.Replan()
     replan.set_model(models["tfcomp"])
@@ -147,11 +148,12 @@ def _steady(model_name: str, rounds: int, max_warmup_steps: int) -> dict:
     for _ in range(steps):
         x, y = next(batches)
         models["horovod"].train_on_batch(x, y)
-    times = {arm: [] for arm in ARMS}
+        models["horovod_again"].train_on_batch(x, y)
+    times = {arm: [] for arm in STEADY_ARMS}
     replan_s, plan_changes = [], 0
     for round_index in range(rounds):
         x, y = next(batches)
-        for arm in round_order(round_index):
+        for arm in round_order(round_index, STEADY_ARMS):
             _barrier()
             start = time.perf_counter()
             models[arm].train_on_batch(x, y)

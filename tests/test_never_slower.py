@@ -80,6 +80,23 @@ def test_steady_summary_medians_and_paired_ratio(rng):
     assert summary["ratio"] == pytest.approx(np.median(tfcomp / horovod))
     assert (summary["ratio_low"], summary["ratio_high"]) == report.bootstrap_median_interval(tfcomp / horovod)
     assert summary["ratio_low"] <= summary["ratio"] <= summary["ratio_high"]
+    assert "control_ratio" not in summary
+
+
+def test_steady_summary_with_a_control_arm_and_its_column(rng):
+    rounds = 60
+    horovod = rng.uniform(20.0, 40.0, rounds)
+    again = horovod * rng.uniform(0.9, 1.1, rounds)
+    summary = report.steady_summary(horovod.tolist(), (horovod * 1.01).tolist(), again.tolist())
+    assert summary["control_ratio"] == pytest.approx(np.median(again / horovod))
+    assert (summary["control_low"], summary["control_high"]) == report.bootstrap_median_interval(again / horovod)
+    assert summary["ratio"] == pytest.approx(1.01)
+    row = {"hosts": 4, "rate": "none", "model": "cnn", "plan": "all dense (1 buckets)", "warmup_steps": 41,
+           "capped": False, "plan_changes": 0, **summary}
+    text = markdown_table(report.steady_table(), [row])
+    assert f"{summary['control_ratio']:.3f} ({summary['control_low']:.3f} to {summary['control_high']:.3f})" in text
+    assert report.STEADY_ARMS == ("horovod", "tfcomp", "horovod_again")
+    assert sorted(report.round_order(3, report.STEADY_ARMS)) == sorted(report.STEADY_ARMS)
 
 
 def test_describe_plan():
