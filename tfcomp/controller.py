@@ -294,10 +294,8 @@ class PlanController:
         if measured["steps"] < GATE_STEPS or len(self._step_seconds) < GATE_STEPS:
             return
         step, spread = step_figures(self._step_seconds)
-        values = list(measured["ready_seconds"]) + [max(measured["bucket_end_seconds"], default=0.0), step, spread]
-        with tf.init_scope():
-            gathered = self.collectives.allgather([tf.constant(values, tf.float64)])[0]
-        latest = np.max(np.reshape(gathered.numpy(), [self.collectives.size, -1]), axis=0)
+        latest = self._latest(list(measured["ready_seconds"])
+                              + [max(measured["bucket_end_seconds"], default=0.0), step, spread])
         ready = latest[:-3]
         exposed = max(0.0, float(latest[-3]) - float(max(ready, default=0.0)))
         self.gate = calibration_gate(exposed, float(latest[-2]), float(latest[-1]))
@@ -593,11 +591,15 @@ class PlanController:
     def _latest_over_ranks(self, entry, measured: dict) -> tuple:
         """([ready seconds per planner tensor], the exchange's end): `measured`'s timeline medians,
         the latest over the ranks (one allgather)."""
-        values = measured["ready_seconds"] + [max(measured["bucket_end_seconds"], default=0.0)]
+        latest = self._latest(measured["ready_seconds"] + [max(measured["bucket_end_seconds"], default=0.0)])
+        return [float(latest[p]) for p, _, _ in entry.tensors], float(latest[-1])
+
+    def _latest(self, values: list) -> np.ndarray:
+        """float64 [len(values)]: each of `values` (floats, as many on every rank) at its largest
+        over the ranks (one allgather; every rank gets the same)."""
         with tf.init_scope():
             gathered = self.collectives.allgather([tf.constant(values, tf.float64)])[0]
-        latest = np.max(np.reshape(gathered.numpy(), [self.collectives.size, -1]), axis=0)
-        return [float(latest[p]) for p, _, _ in entry.tensors], float(latest[-1])
+        return np.max(np.reshape(gathered.numpy(), [self.collectives.size, -1]), axis=0)
 
     def _plan_again(self, entry, ready: list, min_gain: float = REPLAN_MIN_GAIN) -> bool:
         """Makes the plan of `entry`'s gradients with `ready` times (only its all-dense buckets where
